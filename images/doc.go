@@ -1,0 +1,3 @@
+// Package images builds sandboxd's base image from Debian packages without a
+// registry, reproducibly.
+package images
