@@ -1,0 +1,467 @@
+package acp
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"sync"
+
+	"github.com/sourcegraph/jsonrpc2"
+
+	"github.com/sandboxd/sandboxd/limits"
+	"github.com/sandboxd/sandboxd/sandbox"
+)
+
+// Method names this package answers.
+const (
+	MethodCreate       = "terminal/create"
+	MethodOutput       = "terminal/output"
+	MethodWaitForExit  = "terminal/wait_for_exit"
+	MethodKill         = "terminal/kill"
+	MethodRelease      = "terminal/release"
+	MethodSessionOpen  = "_sandboxd/session/open"
+	MethodSessionClose = "_sandboxd/session/close"
+	MethodCancel       = "$/cancel_request"
+)
+
+// JSON-RPC and ACP error codes.
+const (
+	CodeParseError      = -32700
+	CodeInvalidRequest  = -32600
+	CodeMethodNotFound  = -32601
+	CodeInvalidParams   = -32602
+	CodeInternal        = -32603
+	CodeResourceMissing = -32002
+	CodeCancelled       = -32800
+)
+
+// IsTerminalMethod reports whether method is one of the five ACP terminal
+// methods.
+func IsTerminalMethod(method string) bool {
+	switch method {
+	case MethodCreate, MethodOutput, MethodWaitForExit, MethodKill, MethodRelease:
+		return true
+	}
+	return false
+}
+
+// Terminals answers the ACP terminal methods for one peer connection. Each
+// connection has its own namespace of sessions: a peer can neither see nor
+// touch another connection's sessions and terminals, even if it guesses
+// their ids.
+type Terminals struct {
+	m *sandbox.Manager
+	// scope prefixes session keys in the manager.
+	scope string
+	// workspace is used when a session opens without a cwd, and bounds
+	// the workspaces a peer may name.
+	workspace string
+
+	mu       sync.Mutex
+	sessions map[string]struct{}
+}
+
+// NewTerminals returns the terminal service for one connection. scope must
+// be unique per connection; workspace is the default workspace.
+func NewTerminals(m *sandbox.Manager, scope, workspace string) *Terminals {
+	return &Terminals{m: m, scope: scope, workspace: workspace, sessions: make(map[string]struct{})}
+}
+
+// Manager returns the sandbox manager behind the service.
+func (t *Terminals) Manager() *sandbox.Manager { return t.m }
+
+func (t *Terminals) key(sessionID string) string { return t.scope + "\x00" + sessionID }
+
+// Handle answers one request. The error, if any, is a *jsonrpc2.Error.
+func (t *Terminals) Handle(ctx context.Context, method string, params json.RawMessage) (any, error) {
+	var (
+		res any
+		err error
+	)
+	switch method {
+	case MethodCreate:
+		res, err = t.create(ctx, params)
+	case MethodOutput:
+		res, err = t.output(ctx, params)
+	case MethodWaitForExit:
+		res, err = t.waitForExit(ctx, params)
+	case MethodKill:
+		res, err = t.kill(ctx, params)
+	case MethodRelease:
+		res, err = t.release(ctx, params)
+	case MethodSessionOpen:
+		res, err = t.openSession(ctx, params)
+	case MethodSessionClose:
+		res, err = t.closeSession(ctx, params)
+	default:
+		return nil, &jsonrpc2.Error{Code: CodeMethodNotFound, Message: "method not found: " + method}
+	}
+	if err != nil {
+		return nil, rpcError(ctx, err)
+	}
+	return res, nil
+}
+
+// rpcError maps errors to JSON-RPC errors; params errors are already one.
+func rpcError(ctx context.Context, err error) *jsonrpc2.Error {
+	var re *jsonrpc2.Error
+	switch {
+	case errors.As(err, &re):
+		return re
+	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
+		return &jsonrpc2.Error{Code: CodeCancelled, Message: "request cancelled"}
+	case errors.Is(err, sandbox.ErrNotFound):
+		return &jsonrpc2.Error{Code: CodeResourceMissing, Message: err.Error()}
+	case errors.Is(err, sandbox.ErrInvalid):
+		return &jsonrpc2.Error{Code: CodeInvalidParams, Message: err.Error()}
+	}
+	return &jsonrpc2.Error{Code: CodeInternal, Message: err.Error()}
+}
+
+func invalidParams(format string, args ...any) *jsonrpc2.Error {
+	return &jsonrpc2.Error{Code: CodeInvalidParams, Message: "invalid params: " + fmt.Sprintf(format, args...)}
+}
+
+func notFound(format string, args ...any) *jsonrpc2.Error {
+	return &jsonrpc2.Error{Code: CodeResourceMissing, Message: fmt.Sprintf(format, args...)}
+}
+
+// session returns the connection's session with the given id.
+func (t *Terminals) session(ctx context.Context, id string) (*sandbox.Session, error) {
+	t.mu.Lock()
+	_, ok := t.sessions[id]
+	t.mu.Unlock()
+	if !ok {
+		return nil, notFound("unknown session %q", id)
+	}
+	s, err := t.m.Get(ctx, t.key(id))
+	if errors.Is(err, sandbox.ErrNotFound) {
+		return nil, notFound("unknown session %q (closed)", id)
+	}
+	return s, err
+}
+
+// terminal decodes sessionId and terminalId and finds the terminal.
+func (t *Terminals) terminal(ctx context.Context, params json.RawMessage) (*sandbox.Session, *sandbox.Terminal, error) {
+	f, err := decodeFields(params, "")
+	if err != nil {
+		return nil, nil, err
+	}
+	var sid, tid string
+	if err := get(f, "sessionId", true, &sid); err != nil {
+		return nil, nil, err
+	}
+	if err := get(f, "terminalId", true, &tid); err != nil {
+		return nil, nil, err
+	}
+	s, err := t.session(ctx, sid)
+	if err != nil {
+		return nil, nil, err
+	}
+	term, err := s.Terminal(tid)
+	if err != nil {
+		return nil, nil, notFound("unknown terminal %q in session %q", tid, sid)
+	}
+	return s, term, nil
+}
+
+func (t *Terminals) create(ctx context.Context, params json.RawMessage) (any, error) {
+	f, err := decodeFields(params, "")
+	if err != nil {
+		return nil, err
+	}
+	var (
+		sid     string
+		cmd     sandbox.Command
+		rawEnv  []json.RawMessage
+		cwd     string
+		outputN int64
+	)
+	if err := get(f, "sessionId", true, &sid); err != nil {
+		return nil, err
+	}
+	if err := get(f, "command", true, &cmd.Command); err != nil {
+		return nil, err
+	}
+	if err := get(f, "args", false, &cmd.Args); err != nil {
+		return nil, err
+	}
+	if err := get(f, "env", false, &rawEnv); err != nil {
+		return nil, err
+	}
+	for i, raw := range rawEnv {
+		ef, err := decodeFields(raw, fmt.Sprintf("env[%d].", i))
+		if err != nil {
+			return nil, err
+		}
+		var e sandbox.EnvVar
+		if err := get(ef, "name", true, &e.Name); err != nil {
+			return nil, err
+		}
+		if err := get(ef, "value", true, &e.Value); err != nil {
+			return nil, err
+		}
+		cmd.Env = append(cmd.Env, e)
+	}
+	if err := get(f, "cwd", false, &cwd); err != nil {
+		return nil, err
+	}
+	cmd.Cwd = cwd
+	if f.present("outputByteLimit") {
+		if err := get(f, "outputByteLimit", false, &outputN); err != nil {
+			return nil, err
+		}
+		cmd.OutputLimit = &outputN
+	}
+
+	s, err := t.sessionForCreate(ctx, sid, cwd)
+	if err != nil {
+		return nil, err
+	}
+	term, err := s.Start(ctx, cmd)
+	if err != nil {
+		return nil, err
+	}
+	return CreateTerminalResponse{TerminalID: term.ID}, nil
+}
+
+// sessionForCreate returns the named session, opening it with the
+// configured defaults when the connection has none by that id. Its workspace
+// is the request's cwd, else the default workspace.
+func (t *Terminals) sessionForCreate(ctx context.Context, sid, cwd string) (*sandbox.Session, error) {
+	t.mu.Lock()
+	_, ok := t.sessions[sid]
+	t.mu.Unlock()
+	if ok {
+		return t.session(ctx, sid)
+	}
+	ws := t.workspace
+	if cwd != "" {
+		ws = cwd
+	}
+	if err := t.checkWorkspace("cwd", ws); err != nil {
+		return nil, err
+	}
+	return t.open(ctx, sid, sandbox.SessionSpec{ID: sid, Workspace: ws}, false)
+}
+
+// checkWorkspace keeps a peer from mounting any host directory it names:
+// a session's workspace must lie within the connection's workspace.
+func (t *Terminals) checkWorkspace(field, dir string) error {
+	if !filepath.IsAbs(dir) {
+		return invalidParams("%s: %q is not an absolute path", field, dir)
+	}
+	if !sandbox.Within(t.workspace, filepath.Clean(dir)) {
+		return invalidParams("%s: %q is outside the workspace %s that sandboxd serves", field, dir, t.workspace)
+	}
+	return nil
+}
+
+func (t *Terminals) open(ctx context.Context, sid string, spec sandbox.SessionSpec, explicit bool) (*sandbox.Session, error) {
+	t.mu.Lock()
+	t.sessions[sid] = struct{}{}
+	t.mu.Unlock()
+	var (
+		s   *sandbox.Session
+		err error
+	)
+	if explicit {
+		s, err = t.m.Open(ctx, t.key(sid), spec)
+	} else {
+		s, err = t.m.OpenOrGet(ctx, t.key(sid), spec)
+	}
+	if err != nil {
+		if _, gerr := t.m.Get(ctx, t.key(sid)); gerr != nil {
+			t.mu.Lock()
+			delete(t.sessions, sid)
+			t.mu.Unlock()
+		}
+		return nil, err
+	}
+	return s, nil
+}
+
+// Prepare opens (or finds) a session in the background path of a proxy: the
+// container is ready by the time the first command comes.
+func (t *Terminals) Prepare(ctx context.Context, spec sandbox.SessionSpec) (*sandbox.Session, error) {
+	return t.open(ctx, spec.ID, spec, false)
+}
+
+// Session returns the connection's open session with the given id.
+func (t *Terminals) Session(ctx context.Context, id string) (*sandbox.Session, error) {
+	return t.session(ctx, id)
+}
+
+func (t *Terminals) output(ctx context.Context, params json.RawMessage) (any, error) {
+	_, term, err := t.terminal(ctx, params)
+	if err != nil {
+		return nil, err
+	}
+	out, truncated, st := term.Output()
+	res := TerminalOutputResponse{Output: string(out), Truncated: truncated}
+	if st != nil {
+		es := exitStatus(*st)
+		res.ExitStatus = &es
+	}
+	return res, nil
+}
+
+func (t *Terminals) waitForExit(ctx context.Context, params json.RawMessage) (any, error) {
+	_, term, err := t.terminal(ctx, params)
+	if err != nil {
+		return nil, err
+	}
+	st, err := term.Wait(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return exitStatus(st), nil
+}
+
+func (t *Terminals) kill(ctx context.Context, params json.RawMessage) (any, error) {
+	_, term, err := t.terminal(ctx, params)
+	if err != nil {
+		return nil, err
+	}
+	if err := term.Kill(ctx); err != nil {
+		return nil, err
+	}
+	return struct{}{}, nil
+}
+
+func (t *Terminals) release(ctx context.Context, params json.RawMessage) (any, error) {
+	s, term, err := t.terminal(ctx, params)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.Release(ctx, term.ID); err != nil {
+		if errors.Is(err, sandbox.ErrNotFound) {
+			return nil, notFound("unknown terminal %q in session %q", term.ID, s.ID)
+		}
+		return nil, err
+	}
+	return struct{}{}, nil
+}
+
+func (t *Terminals) openSession(ctx context.Context, params json.RawMessage) (any, error) {
+	f, err := decodeFields(params, "")
+	if err != nil {
+		return nil, err
+	}
+	spec := sandbox.SessionSpec{}
+	if err := get(f, "sessionId", true, &spec.ID); err != nil {
+		return nil, err
+	}
+	if err := get(f, "cwd", true, &spec.Workspace); err != nil {
+		return nil, err
+	}
+	if err := get(f, "image", false, &spec.Image); err != nil {
+		return nil, err
+	}
+	if err := get(f, "network", false, &spec.Network); err != nil {
+		return nil, err
+	}
+	if err := get(f, "additionalDirectories", false, &spec.ExtraDirs); err != nil {
+		return nil, err
+	}
+	parsers := []struct {
+		name  string
+		parse func(string) error
+	}{
+		{"cpus", func(s string) (err error) { spec.Limits.CPUs, err = limits.ParseCPUs(s); return }},
+		{"memory", func(s string) (err error) { spec.Limits.Memory, err = limits.ParseBytes(s); return }},
+		{"pids", func(s string) (err error) { spec.Limits.Pids, err = limits.ParsePids(s); return }},
+	}
+	for _, p := range parsers {
+		v, ok, err := scalarText(f, p.name)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			continue
+		}
+		if err := p.parse(v); err != nil {
+			return nil, invalidParams("%s: %v", p.name, err)
+		}
+	}
+	if err := t.checkWorkspace("cwd", spec.Workspace); err != nil {
+		return nil, err
+	}
+	for i, d := range spec.ExtraDirs {
+		if err := t.checkWorkspace(fmt.Sprintf("additionalDirectories[%d]", i), d); err != nil {
+			return nil, err
+		}
+	}
+	t.mu.Lock()
+	_, exists := t.sessions[spec.ID]
+	t.mu.Unlock()
+	if exists {
+		return nil, invalidParams("sessionId: session %q is already open", spec.ID)
+	}
+	s, err := t.open(ctx, spec.ID, spec, true)
+	if err != nil {
+		return nil, err
+	}
+	l := s.Limits()
+	return SessionOpenResponse{
+		SessionID: s.ID,
+		Container: s.ContainerID(),
+		Workspace: s.Workspace(),
+		User:      s.User(),
+		CPUs:      strconv.FormatFloat(l.CPUs, 'f', -1, 64),
+		Memory:    limits.FormatBytes(l.Memory),
+		Pids:      l.Pids,
+	}, nil
+}
+
+func (t *Terminals) closeSession(ctx context.Context, params json.RawMessage) (any, error) {
+	f, err := decodeFields(params, "")
+	if err != nil {
+		return nil, err
+	}
+	var sid string
+	if err := get(f, "sessionId", true, &sid); err != nil {
+		return nil, err
+	}
+	if err := t.CloseSession(ctx, sid); err != nil {
+		return nil, err
+	}
+	return struct{}{}, nil
+}
+
+// CloseSession removes one of the connection's sessions and its container.
+func (t *Terminals) CloseSession(ctx context.Context, sid string) error {
+	t.mu.Lock()
+	_, ok := t.sessions[sid]
+	delete(t.sessions, sid)
+	t.mu.Unlock()
+	if !ok {
+		return notFound("unknown session %q", sid)
+	}
+	err := t.m.CloseSession(ctx, t.key(sid))
+	if errors.Is(err, sandbox.ErrNotFound) {
+		return nil
+	}
+	return err
+}
+
+// Close removes every session of the connection. It runs when the
+// connection ends.
+func (t *Terminals) Close(ctx context.Context) error {
+	t.mu.Lock()
+	ids := make([]string, 0, len(t.sessions))
+	for id := range t.sessions {
+		ids = append(ids, id)
+	}
+	t.mu.Unlock()
+	var errs []error
+	for _, id := range ids {
+		if err := t.CloseSession(ctx, id); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

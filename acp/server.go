@@ -1,0 +1,323 @@
+package acp
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+
+	"github.com/sourcegraph/jsonrpc2"
+
+	"github.com/sandboxd/sandboxd/sandbox"
+)
+
+// MaxMessageSize bounds one JSON-RPC message. A longer line is answered with
+// an error and skipped; it never grows memory without bound.
+const MaxMessageSize = 64 << 20
+
+// LineStream is a jsonrpc2.ObjectStream of newline-delimited JSON objects,
+// as ACP frames messages on stdio. A line that is not a JSON-RPC message is
+// answered with a parse or invalid-request error and skipped, so one bad
+// line does not end the connection.
+type LineStream struct {
+	r   *bufio.Reader
+	w   io.Writer
+	c   io.Closer
+	log *slog.Logger
+
+	wmu sync.Mutex
+}
+
+// NewLineStream frames messages on rwc.
+func NewLineStream(rwc io.ReadWriteCloser, log *slog.Logger) *LineStream {
+	return &LineStream{r: bufio.NewReaderSize(rwc, 64<<10), w: rwc, c: rwc, log: log}
+}
+
+// WriteObject writes obj as one line.
+func (s *LineStream) WriteObject(obj any) error {
+	b, err := json.Marshal(obj)
+	if err != nil {
+		return err
+	}
+	return s.WriteLine(b)
+}
+
+// WriteLine writes one already-encoded message followed by a newline.
+func (s *LineStream) WriteLine(b []byte) error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	if _, err := s.w.Write(append(b, '\n')); err != nil {
+		return err
+	}
+	return nil
+}
+
+// ReadLine returns the next non-empty line, without its newline. A line
+// longer than MaxMessageSize is skipped and reported as ErrTooLong.
+func (s *LineStream) ReadLine() ([]byte, error) {
+	for {
+		line, err := readLine(s.r, MaxMessageSize)
+		if errors.Is(err, errTooLong) {
+			return nil, errTooLong
+		}
+		if len(bytes.TrimSpace(line)) > 0 {
+			return line, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+}
+
+var errTooLong = errors.New("message longer than the maximum")
+
+func readLine(r *bufio.Reader, limit int) ([]byte, error) {
+	var line []byte
+	for {
+		chunk, err := r.ReadSlice('\n')
+		if len(line)+len(chunk) > limit {
+			// Skip the rest of the line so the next message still parses.
+			for errors.Is(err, bufio.ErrBufferFull) {
+				_, err = r.ReadSlice('\n')
+			}
+			return nil, errTooLong
+		}
+		line = append(line, chunk...)
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue
+		}
+		return bytes.TrimRight(line, "\r\n"), err
+	}
+}
+
+// ReadObject reads the next valid message into v.
+func (s *LineStream) ReadObject(v any) error {
+	for {
+		line, err := s.ReadLine()
+		if errors.Is(err, errTooLong) {
+			s.replyError(nil, CodeInvalidRequest, fmt.Sprintf("message longer than %d bytes", MaxMessageSize))
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if !json.Valid(line) {
+			s.replyError(nil, CodeParseError, "parse error: not valid JSON")
+			continue
+		}
+		if err := json.Unmarshal(line, v); err != nil {
+			s.replyError(requestID(line), CodeInvalidRequest, "invalid request: "+err.Error())
+			continue
+		}
+		return nil
+	}
+}
+
+// requestID digs the id out of an invalid request, so the peer can match
+// the error to it.
+func requestID(line []byte) json.RawMessage {
+	var m struct {
+		ID json.RawMessage `json:"id"`
+	}
+	if json.Unmarshal(line, &m) != nil || len(m.ID) == 0 {
+		return nil
+	}
+	return m.ID
+}
+
+func (s *LineStream) replyError(id json.RawMessage, code int, msg string) {
+	if id == nil {
+		id = json.RawMessage("null")
+	}
+	s.log.Warn("bad message from peer", "code", code, "err", msg)
+	err := s.WriteObject(map[string]any{
+		"jsonrpc": "2.0",
+		"id":      id,
+		"error":   map[string]any{"code": code, "message": msg},
+	})
+	if err != nil {
+		s.log.Debug("reply to bad message", "err", err)
+	}
+}
+
+// Close closes the underlying connection.
+func (s *LineStream) Close() error { return s.c.Close() }
+
+// RequestHandler answers one request by method and params.
+type RequestHandler interface {
+	Handle(ctx context.Context, method string, params json.RawMessage) (any, error)
+}
+
+// Dispatcher is a jsonrpc2.Handler that runs every request in its own
+// goroutine, so a long terminal/wait_for_exit does not hold up others, and
+// cancels a request's context on $/cancel_request.
+type Dispatcher struct {
+	h   RequestHandler
+	log *slog.Logger
+
+	mu      sync.Mutex
+	pending map[string]context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+// NewDispatcher wraps h.
+func NewDispatcher(h RequestHandler, log *slog.Logger) *Dispatcher {
+	return &Dispatcher{h: h, log: log, pending: make(map[string]context.CancelFunc)}
+}
+
+// Handle implements jsonrpc2.Handler. It is called in message order, so a
+// request's cancel func is registered before any later $/cancel_request for
+// it is seen.
+func (d *Dispatcher) Handle(ctx context.Context, conn *jsonrpc2.Conn, req *jsonrpc2.Request) {
+	if req.Method == MethodCancel {
+		d.cancel(req)
+		return
+	}
+	if req.Notif {
+		d.log.Debug("ignored notification", "method", req.Method)
+		return
+	}
+	key := req.ID.String()
+	rctx, cancel := context.WithCancel(ctx)
+	d.mu.Lock()
+	d.pending[key] = cancel
+	d.mu.Unlock()
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		defer func() {
+			d.mu.Lock()
+			delete(d.pending, key)
+			d.mu.Unlock()
+			cancel()
+		}()
+		var params json.RawMessage
+		if req.Params != nil {
+			params = *req.Params
+		}
+		res, err := d.h.Handle(rctx, req.Method, params)
+		if err != nil {
+			var re *jsonrpc2.Error
+			if !errors.As(err, &re) {
+				re = &jsonrpc2.Error{Code: CodeInternal, Message: err.Error()}
+			}
+			if rerr := conn.ReplyWithError(ctx, req.ID, re); rerr != nil {
+				d.log.Debug("reply", "method", req.Method, "err", rerr)
+			}
+			return
+		}
+		if rerr := conn.Reply(ctx, req.ID, res); rerr != nil {
+			d.log.Debug("reply", "method", req.Method, "err", rerr)
+		}
+	}()
+}
+
+func (d *Dispatcher) cancel(req *jsonrpc2.Request) {
+	if req.Params == nil {
+		return
+	}
+	var p struct {
+		RequestID jsonrpc2.ID `json:"requestId"`
+	}
+	if err := json.Unmarshal(*req.Params, &p); err != nil {
+		d.log.Debug("bad $/cancel_request", "err", err)
+		return
+	}
+	d.mu.Lock()
+	cancel := d.pending[p.RequestID.String()]
+	d.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+}
+
+// cancelAll cancels every request in flight: their peer is gone.
+func (d *Dispatcher) cancelAll() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, cancel := range d.pending {
+		cancel()
+	}
+}
+
+// Wait waits for every request in flight to be answered.
+func (d *Dispatcher) Wait() { d.wg.Wait() }
+
+// Serve answers ACP terminal requests on rwc until the peer disconnects,
+// then closes every session the connection opened.
+func Serve(ctx context.Context, rwc io.ReadWriteCloser, t *Terminals, log *slog.Logger) error {
+	d := NewDispatcher(t, log)
+	conn := jsonrpc2.NewConn(ctx, NewLineStream(rwc, log), d)
+	select {
+	case <-conn.DisconnectNotify():
+	case <-ctx.Done():
+		conn.Close()
+	}
+	d.cancelAll()
+	// Requests still waiting (wait_for_exit) end when their sessions close.
+	cctx := context.WithoutCancel(ctx)
+	err := t.Close(cctx)
+	d.Wait()
+	return err
+}
+
+// ListenUnix listens on a unix socket that only the owner may connect to.
+// The socket is created with mode 0600 from the start, not chmod-ed after,
+// so no other user can connect in between.
+func ListenUnix(path string) (net.Listener, error) {
+	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
+		// A socket left by a crashed instance; a live one would still
+		// accept connections.
+		if c, err := net.Dial("unix", path); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("listen %s: another sandboxd is serving there", path)
+		}
+		os.Remove(path)
+	}
+	old := syscall.Umask(0o177)
+	ln, err := net.Listen("unix", path)
+	syscall.Umask(old)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", path, err)
+	}
+	return ln, nil
+}
+
+// ServeListener accepts connections until ctx ends and serves each with its
+// own Terminals, so connections never see each other's sessions.
+func ServeListener(ctx context.Context, ln net.Listener, m *sandbox.Manager, workspace string, log *slog.Logger) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	go func() {
+		<-ctx.Done()
+		ln.Close()
+	}()
+	for n := 1; ; n++ {
+		c, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("accept: %w", err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			clog := log.With("conn", n)
+			clog.Info("connection opened")
+			t := NewTerminals(m, fmt.Sprintf("conn%d", n), workspace)
+			if err := Serve(ctx, c, t, clog); err != nil {
+				clog.Warn("connection closed with errors", "err", err)
+			}
+			clog.Info("connection closed")
+		}()
+	}
+}

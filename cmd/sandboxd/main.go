@@ -1,0 +1,313 @@
+// Command sandboxd runs AI agents' shell commands in hardened per-session
+// containers. It parses flags and wires the packages that do the work.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/moby/moby/client"
+
+	"github.com/sandboxd/sandboxd"
+	"github.com/sandboxd/sandboxd/acp"
+	"github.com/sandboxd/sandboxd/images"
+	"github.com/sandboxd/sandboxd/limits"
+	"github.com/sandboxd/sandboxd/sandbox"
+)
+
+const usage = `sandboxd runs AI agents' shell commands in hardened per-session containers.
+
+Usage:
+  sandboxd serve [--listen stdio|unix:PATH] [--config FILE]
+  sandboxd run [--cpus N] [--memory SIZE] [--pids N] [--network NAME] [--image REF] [--config FILE] -- CMD [ARGS...]
+  sandboxd image build [--ref REF]
+  sandboxd gc [--all]
+  sandboxd config
+
+Run 'sandboxd COMMAND -h' for a command's flags.
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(stderr, usage)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	var err error
+	code := 0
+	switch args[0] {
+	case "serve":
+		err = cmdServe(ctx, args[1:], stdin, stdout, stderr)
+	case "run":
+		code, err = cmdRun(ctx, args[1:], stdout, stderr)
+	case "image":
+		err = cmdImage(ctx, args[1:], stderr)
+	case "gc":
+		err = cmdGC(ctx, args[1:], stdout, stderr)
+	case "config":
+		fmt.Fprint(stdout, sandboxd.DefaultConfig)
+	default:
+		fmt.Fprintf(stderr, "sandboxd: unknown command %q\n\n%s", args[0], usage)
+		return 2
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		var usageErr usageError
+		if errors.As(err, &usageErr) {
+			fmt.Fprintf(stderr, "sandboxd %s: %v\n", args[0], err)
+			return 2
+		}
+		fmt.Fprintf(stderr, "sandboxd %s: %v\n", args[0], err)
+		return 1
+	}
+	return code
+}
+
+type usageError struct{ error }
+
+// common holds the flags every command that opens sessions shares.
+type common struct {
+	config   string
+	logLevel string
+	logFile  string
+}
+
+func (c *common) register(fs *flag.FlagSet, defaultLevel string) {
+	fs.StringVar(&c.config, "config", "", "configuration `file` (default: the embedded sandbox.toml)")
+	fs.StringVar(&c.logLevel, "log-level", defaultLevel, "log level: debug, info, warn or error")
+	fs.StringVar(&c.logFile, "log", "", "write logs to `file` instead of stderr")
+}
+
+// logger builds the logger; logs never go to stdout, which may carry ACP.
+func (c *common) logger(stderr io.Writer) (*slog.Logger, func(), error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(c.logLevel)); err != nil {
+		return nil, nil, usageError{fmt.Errorf("--log-level: %w", err)}
+	}
+	w, closeFn := stderr, func() {}
+	if c.logFile != "" {
+		f, err := os.OpenFile(c.logFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err != nil {
+			return nil, nil, err
+		}
+		w, closeFn = f, func() { f.Close() }
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level})), closeFn, nil
+}
+
+func engineClient() (*client.Client, error) {
+	cli, err := client.New(client.FromEnv, client.WithAPIVersionNegotiation())
+	if err != nil {
+		return nil, fmt.Errorf("docker client: %w", err)
+	}
+	return cli, nil
+}
+
+// setup loads the configuration, connects to the engine, makes sure the
+// image exists and starts a manager.
+func (c *common) setup(ctx context.Context, stderr io.Writer, log *slog.Logger, image string) (*sandbox.Manager, error) {
+	cfg, err := sandbox.LoadConfig(sandboxd.DefaultConfig, c.config, runtime.NumCPU())
+	if err != nil {
+		return nil, err
+	}
+	cli, err := engineClient()
+	if err != nil {
+		return nil, err
+	}
+	m, err := sandbox.NewManager(ctx, cli, cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	if image == "" {
+		image = cfg.Session.Image
+	}
+	b := images.Builder{Client: cli, Progress: stderr}
+	if err := b.Ensure(ctx, image); err != nil {
+		m.Close(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return m, nil
+}
+
+func closeManager(m *sandbox.Manager, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := m.Close(ctx); err != nil {
+		log.Error("shutdown", "err", err)
+	}
+}
+
+func cmdServe(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var c common
+	c.register(fs, "info")
+	listen := fs.String("listen", "stdio", "where to serve ACP: stdio, or unix:PATH")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
+	}
+	log, closeLog, err := c.logger(stderr)
+	if err != nil {
+		return err
+	}
+	defer closeLog()
+	m, err := c.setup(ctx, stderr, log, "")
+	if err != nil {
+		return err
+	}
+	defer closeManager(m, log)
+	workspace, err := defaultWorkspace(m.Config())
+	if err != nil {
+		return err
+	}
+	switch {
+	case *listen == "stdio":
+		log.Info("serving ACP on stdio")
+		return acp.Serve(ctx, stdio{stdin, stdout}, acp.NewTerminals(m, "stdio", workspace), log)
+	case strings.HasPrefix(*listen, "unix:"):
+		path := strings.TrimPrefix(*listen, "unix:")
+		ln, err := acp.ListenUnix(path)
+		if err != nil {
+			return err
+		}
+		defer os.Remove(path)
+		log.Info("serving ACP", "socket", path)
+		return acp.ServeListener(ctx, ln, m, workspace, log)
+	}
+	return usageError{fmt.Errorf("--listen %q: want stdio or unix:PATH", *listen)}
+}
+
+func defaultWorkspace(cfg sandbox.Config) (string, error) {
+	if cfg.Session.Workspace != "" {
+		return cfg.Session.Workspace, nil
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("workspace: %w", err)
+	}
+	return wd, nil
+}
+
+// stdio joins stdin and stdout into one connection.
+type stdio struct {
+	io.Reader
+	io.Writer
+}
+
+func (stdio) Close() error { return nil }
+
+func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) (int, error) {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var c common
+	c.register(fs, "warn")
+	cpus := fs.String("cpus", "", "CPUs, e.g. 1.5 (default from config)")
+	memory := fs.String("memory", "", "memory, e.g. 512MiB (default from config)")
+	pids := fs.String("pids", "", "maximum processes (default from config)")
+	network := fs.String("network", "", "network: none, or the configured network")
+	image := fs.String("image", "", "image (default from config)")
+	if err := fs.Parse(args); err != nil {
+		return 0, err
+	}
+	if fs.NArg() == 0 {
+		return 0, usageError{errors.New("no command given: sandboxd run [flags] -- CMD [ARGS...]")}
+	}
+	spec := sandbox.SessionSpec{ID: "run", Image: *image, Network: *network}
+	var err error
+	if *cpus != "" {
+		if spec.Limits.CPUs, err = limits.ParseCPUs(*cpus); err != nil {
+			return 0, usageError{fmt.Errorf("--cpus: %w", err)}
+		}
+	}
+	if *memory != "" {
+		if spec.Limits.Memory, err = limits.ParseBytes(*memory); err != nil {
+			return 0, usageError{fmt.Errorf("--memory: %w", err)}
+		}
+	}
+	if *pids != "" {
+		if spec.Limits.Pids, err = limits.ParsePids(*pids); err != nil {
+			return 0, usageError{fmt.Errorf("--pids: %w", err)}
+		}
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		return 0, err
+	}
+	spec.Workspace = wd
+	log, closeLog, err := c.logger(stderr)
+	if err != nil {
+		return 0, err
+	}
+	defer closeLog()
+	m, err := c.setup(ctx, stderr, log, *image)
+	if err != nil {
+		return 0, err
+	}
+	defer closeManager(m, log)
+	argv := fs.Args()
+	cmd := sandbox.Command{Command: argv[0], Args: argv[1:], Cwd: wd, Stdout: stdout, Stderr: stderr}
+	return sandbox.Run(ctx, m, spec, cmd)
+}
+
+func cmdImage(ctx context.Context, args []string, stderr io.Writer) error {
+	if len(args) == 0 || args[0] != "build" {
+		return usageError{errors.New("usage: sandboxd image build [--ref REF]")}
+	}
+	fs := flag.NewFlagSet("image build", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	ref := fs.String("ref", images.DefaultRef, "image reference to build")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	cli, err := engineClient()
+	if err != nil {
+		return err
+	}
+	b := images.Builder{Client: cli, Progress: stderr}
+	_, err = b.Build(ctx, *ref)
+	return err
+}
+
+func cmdGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("gc", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	all := fs.Bool("all", false, "remove every sandboxd container, even of instances still running")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cli, err := engineClient()
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	removed, err := sandbox.GC(ctx, cli, log, sandbox.GCOptions{All: *all})
+	for _, id := range removed {
+		fmt.Fprintf(stdout, "removed %.12s\n", id)
+	}
+	fmt.Fprintf(stdout, "%d container(s) removed\n", len(removed))
+	return err
+}
+

@@ -1,0 +1,166 @@
+package integration
+
+import (
+	"context"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	acpsdk "github.com/coder/acp-go-sdk"
+)
+
+func TestBadRequestsLeaveOthersAlone(t *testing.T) {
+	ws := workspace(t)
+	srv := startServe(t, ws)
+	c := srv.raw()
+	// A terminal that must survive everything below.
+	rep := c.call(t, 1, "terminal/create", map[string]any{"sessionId": "good", "command": "/bin/sh", "args": []string{"-c", "echo alive; sleep 304"}})
+	if rep.Error != nil {
+		t.Fatalf("create: %+v", rep.Error)
+	}
+	var good struct{ TerminalID string }
+	if err := jsonUnmarshal(rep.Result, &good); err != nil {
+		t.Fatal(err)
+	}
+
+	tests := []struct {
+		name   string
+		method string
+		params any
+		code   int
+		names  string // the message must contain this
+	}{
+		{"unknown session", "terminal/output", map[string]any{"sessionId": "nope", "terminalId": "term_x"}, -32002, "nope"},
+		{"unknown terminal", "terminal/output", map[string]any{"sessionId": "good", "terminalId": "term_missing"}, -32002, "term_missing"},
+		{"missing terminalId", "terminal/wait_for_exit", map[string]any{"sessionId": "good"}, -32602, "terminalId"},
+		{"missing command", "terminal/create", map[string]any{"sessionId": "good"}, -32602, "command"},
+		{"wrong-typed args", "terminal/create", map[string]any{"sessionId": "good", "command": "true", "args": "a b"}, -32602, "args"},
+		{"wrong-typed sessionId", "terminal/kill", map[string]any{"sessionId": 7, "terminalId": "x"}, -32602, "sessionId"},
+		{"params not an object", "terminal/create", []string{"x"}, -32602, "params"},
+		{"relative cwd", "terminal/create", map[string]any{"sessionId": "good", "command": "true", "cwd": "sub"}, -32602, "cwd"},
+		{"cwd outside the workspace", "terminal/create", map[string]any{"sessionId": "good", "command": "true", "cwd": "/etc"}, -32602, "cwd"},
+		{"cwd escaping with ..", "terminal/create", map[string]any{"sessionId": "good", "command": "true", "cwd": ws + "/../.."}, -32602, "cwd"},
+		{"NUL in command", "terminal/create", map[string]any{"sessionId": "good", "command": "ec\u0000ho"}, -32602, "command"},
+		{"NUL in an arg", "terminal/create", map[string]any{"sessionId": "good", "command": "echo", "args": []string{"a", "b\u0000"}}, -32602, "args[1]"},
+		{"env name with =", "terminal/create", map[string]any{"sessionId": "good", "command": "true", "env": []map[string]string{{"name": "A=B", "value": "x"}}}, -32602, "env[0].name"},
+		{"env without value", "terminal/create", map[string]any{"sessionId": "good", "command": "true", "env": []map[string]string{{"name": "A"}}}, -32602, "env[0].value"},
+		{"reserved env name", "terminal/create", map[string]any{"sessionId": "good", "command": "true", "env": []map[string]string{{"name": "SANDBOXD_TERMINAL", "value": "x"}}}, -32602, "env[0].name"},
+		{"outputByteLimit above maximum", "terminal/create", map[string]any{"sessionId": "good", "command": "true", "outputByteLimit": 1 << 40}, -32602, "outputByteLimit"},
+		{"negative outputByteLimit", "terminal/create", map[string]any{"sessionId": "good", "command": "true", "outputByteLimit": -1}, -32602, "outputByteLimit"},
+		{"fractional outputByteLimit", "terminal/create", map[string]any{"sessionId": "good", "command": "true", "outputByteLimit": 1.5}, -32602, "outputByteLimit"},
+		{"huge argument", "terminal/create", map[string]any{"sessionId": "good", "command": "true", "args": []string{strings.Repeat("x", 8<<20)}}, -32602, "args[0]"},
+		{"unknown method", "terminal/frobnicate", map[string]any{}, -32601, "terminal/frobnicate"},
+		{"open without cwd", "_sandboxd/session/open", map[string]any{"sessionId": "x"}, -32602, "cwd"},
+		{"open with relative cwd", "_sandboxd/session/open", map[string]any{"sessionId": "x", "cwd": "rel"}, -32602, "cwd"},
+		{"open above the maximum memory", "_sandboxd/session/open", map[string]any{"sessionId": "x", "cwd": ws, "memory": "64GiB"}, -32602, "memory"},
+		{"open with nonsense cpus", "_sandboxd/session/open", map[string]any{"sessionId": "x", "cwd": ws, "cpus": "lots"}, -32602, "cpus"},
+		{"open with too few pids", "_sandboxd/session/open", map[string]any{"sessionId": "x", "cwd": ws, "pids": 2}, -32602, "pids"},
+		{"open with host network", "_sandboxd/session/open", map[string]any{"sessionId": "x", "cwd": ws, "network": "host"}, -32602, "network"},
+		{"open an open session", "_sandboxd/session/open", map[string]any{"sessionId": "good", "cwd": ws}, -32602, "good"},
+		{"close unknown session", "_sandboxd/session/close", map[string]any{"sessionId": "nope"}, -32002, "nope"},
+	}
+	for i, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			rep := c.call(t, 100+i, tc.method, tc.params)
+			if rep.Error == nil {
+				t.Fatalf("result %s, want error %d", rep.Result, tc.code)
+			}
+			if rep.Error.Code != tc.code || !strings.Contains(rep.Error.Message, tc.names) {
+				t.Errorf("error = %d %q, want %d naming %q", rep.Error.Code, rep.Error.Message, tc.code, tc.names)
+			}
+		})
+	}
+
+	t.Run("malformed JSON", func(t *testing.T) {
+		c.send(t, `{"jsonrpc":"2.0","id":9,"method":`)
+		rep := c.recv(t)
+		if rep.Error == nil || rep.Error.Code != -32700 {
+			t.Fatalf("reply = %+v, want parse error -32700", rep.Error)
+		}
+		c.send(t, `[1,2`)
+		if rep := c.recv(t); rep.Error == nil || rep.Error.Code != -32700 {
+			t.Fatalf("reply = %+v, want parse error -32700", rep.Error)
+		}
+	})
+
+	// The good terminal is still running and readable.
+	rep = c.call(t, 999, "terminal/output", map[string]any{"sessionId": "good", "terminalId": good.TerminalID})
+	if rep.Error != nil || !strings.Contains(string(rep.Result), `"output":"alive\n"`) || strings.Contains(string(rep.Result), "exitStatus") {
+		t.Errorf("good terminal after bad requests: %s %+v", rep.Result, rep.Error)
+	}
+}
+
+func TestMissingImageAndEngineSaySo(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "missing-image.toml")
+	writeFile(t, cfg, "[session]\nimage = \"sandboxd/does-not-exist:1\"\n")
+	out, err := exec.Command(testEnv.bin, "serve", "--config", cfg).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "sandboxd/does-not-exist:1") || !strings.Contains(string(out), "docker load") {
+		t.Errorf("serve with a missing image: err %v, output %q; want a failure that names the image and what to run", err, out)
+	}
+
+	cmd := exec.Command(testEnv.bin, "serve")
+	cmd.Env = append(cmd.Environ(), "DOCKER_HOST=unix://"+filepath.Join(dir, "no-engine.sock"))
+	out, err = cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "Docker Engine running") {
+		t.Errorf("serve without an engine: err %v, output %q; want a failure that says to start the engine", err, out)
+	}
+}
+
+func TestBadConfigNamesFileLineAndKey(t *testing.T) {
+	dir := t.TempDir()
+	tests := []struct {
+		name, text, want string
+	}{
+		{"bad memory", "[session]\ncpus = \"1\"\nmemory = \"-5m\"\n", ":3: session.memory"},
+		{"too few pids", "[session]\npids = 4\n", ":2: session.pids"},
+		{"too many cpus", "[session]\ncpus = 4096\n", ":2: session.cpus"},
+		{"unknown key", "[terminal]\nkill_grace = \"1s\"\nkil_grace = \"2s\"\n", ":3: terminal.kil_grace"},
+		{"bad duration", "[terminal]\nkill_grace = \"soon\"\n", ":2: terminal.kill_grace"},
+		{"root user", "[session]\nuser = \"0:0\"\n", ":2: session.user"},
+		{"syntax", "[session\n", ":1"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			file := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-")+".toml")
+			writeFile(t, file, tc.text)
+			out, err := exec.Command(testEnv.bin, "serve", "--config", file).CombinedOutput()
+			if err == nil || !strings.Contains(string(out), file+tc.want) {
+				t.Errorf("err %v, output %q, want it to name %q", err, out, file+tc.want)
+			}
+		})
+	}
+}
+
+func TestSessionOpenOverridesAndClose(t *testing.T) {
+	ws := workspace(t)
+	srv := startServe(t, ws)
+	a := srv.agent()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := a.CallExtension(ctx, "_sandboxd/session/open", map[string]any{
+		"sessionId": "tuned", "cwd": ws, "cpus": "0.5", "memory": "128MiB", "pids": 64,
+	})
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	if !strings.Contains(string(res), `"memory":"128MiB"`) || !strings.Contains(string(res), `"pids":64`) {
+		t.Errorf("open result = %s", res)
+	}
+	out, _ := sh(t, ctx, a, "tuned", "cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/pids/pids.max")
+	if out != "50000\n134217728\n64\n" {
+		t.Errorf("limits inside = %q", out)
+	}
+	if _, err := a.CallExtension(ctx, "_sandboxd/session/close", map[string]any{"sessionId": "tuned"}); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	if ids := containersOf(t, srv.cmd.Process.Pid); len(ids) != 0 {
+		t.Errorf("containers after session/close: %v", ids)
+	}
+	_, err = a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: "tuned", Command: "true", Cwd: ptr("/etc")})
+	if rpcCode(err) != -32602 {
+		t.Errorf("after close, the session id opens anew with its cwd checked: err = %v", err)
+	}
+}

@@ -1,0 +1,364 @@
+package integration
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	acpsdk "github.com/coder/acp-go-sdk"
+	"github.com/moby/moby/client"
+
+	"github.com/sandboxd/sandboxd/images"
+	"github.com/sandboxd/sandboxd/sandbox"
+)
+
+// env is what every test shares: the built binary and an engine client.
+type env struct {
+	bin    string
+	cli    *client.Client
+	config string
+}
+
+var testEnv env // set once by TestMain, read-only afterwards
+
+// testConfig shortens the kill grace so kill tests are quick, and lowers the
+// maximums tests probe.
+const testConfig = `
+[session]
+memory = "256MiB"
+[session.max]
+cpus = "2"
+memory = "1GiB"
+pids = 512
+[terminal]
+kill_grace = "1s"
+max_output_byte_limit = "4MiB"
+`
+
+func TestMain(m *testing.M) {
+	os.Exit(runMain(m))
+}
+
+func runMain(m *testing.M) int {
+	ctx := context.Background()
+	cli, err := client.New(client.FromEnv, client.WithAPIVersionNegotiation())
+	if err == nil {
+		_, err = cli.Ping(ctx, client.PingOptions{NegotiateAPIVersion: true})
+	}
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			fmt.Fprintf(os.Stderr, "integration: Docker Engine unreachable under CI=true: %v\n", err)
+			return 1
+		}
+		fmt.Fprintf(os.Stderr, "integration: skipping, Docker Engine unreachable: %v\n", err)
+		return 0
+	}
+	b := images.Builder{Client: cli, Progress: os.Stderr}
+	if err := b.Ensure(ctx, images.DefaultRef); err != nil {
+		fmt.Fprintf(os.Stderr, "integration: base image: %v\n", err)
+		return 1
+	}
+	dir, err := os.MkdirTemp("", "sandboxd-it-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	bin := filepath.Join(dir, "sandboxd")
+	build := exec.Command("go", "build", "-o", bin, "../cmd/sandboxd")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintf(os.Stderr, "integration: build sandboxd: %v\n", err)
+		return 1
+	}
+	cfg := filepath.Join(dir, "sandbox.toml")
+	if err := os.WriteFile(cfg, []byte(testConfig), 0o644); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	testEnv = env{bin: bin, cli: cli, config: cfg}
+	return m.Run()
+}
+
+// workspace makes a workspace directory owned by an ordinary user, as a
+// person's project would be.
+func workspace(t testing.TB) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.Chown(dir, 1000, 1000); err != nil {
+		t.Fatalf("chown workspace: %v", err)
+	}
+	return dir
+}
+
+// server is a running `sandboxd serve` on stdio.
+type server struct {
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	stdout io.Reader
+	stderr *lockedBuffer
+	done   chan struct{}
+	err    error
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// startServe starts `sandboxd serve` with the test config and the given
+// workspace as its working directory. Cleanup ends it and checks that it
+// left no container behind.
+func startServe(t testing.TB, dir string, args ...string) *server {
+	t.Helper()
+	all := append([]string{"serve", "--config", testEnv.config, "--log-level", "debug"}, args...)
+	cmd := exec.Command(testEnv.bin, all...)
+	cmd.Dir = dir
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &server{cmd: cmd, stdin: stdin, stdout: stdout, stderr: &lockedBuffer{}, done: make(chan struct{})}
+	cmd.Stderr = s.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		s.err = cmd.Wait()
+		close(s.done)
+	}()
+	t.Cleanup(func() {
+		s.stop(t)
+		if t.Failed() {
+			t.Logf("sandboxd stderr:\n%s", s.stderr.String())
+		}
+		assertNoContainers(t, cmd.Process.Pid)
+	})
+	return s
+}
+
+// stop closes stdin, as an editor does, and waits for the exit.
+func (s *server) stop(t testing.TB) {
+	t.Helper()
+	s.stdin.Close()
+	select {
+	case <-s.done:
+	case <-time.After(60 * time.Second):
+		s.cmd.Process.Kill()
+		<-s.done
+		t.Errorf("sandboxd did not exit after stdin closed")
+	}
+}
+
+// containersOf lists the containers labelled with a sandboxd process's pid.
+func containersOf(t testing.TB, pid int) []string {
+	t.Helper()
+	host, _ := os.Hostname()
+	list, err := testEnv.cli.ContainerList(context.Background(), client.ContainerListOptions{
+		All: true,
+		Filters: make(client.Filters).
+			Add("label", sandbox.LabelPid+"="+strconv.Itoa(pid)).
+			Add("label", sandbox.LabelHost+"="+host),
+	})
+	if err != nil {
+		t.Fatalf("list containers: %v", err)
+	}
+	ids := make([]string, 0, len(list.Items))
+	for _, c := range list.Items {
+		ids = append(ids, c.ID)
+	}
+	return ids
+}
+
+func assertNoContainers(t testing.TB, pid int) {
+	t.Helper()
+	if ids := containersOf(t, pid); len(ids) > 0 {
+		t.Errorf("sandboxd (pid %d) left %d container(s) behind: %v", pid, len(ids), ids)
+	}
+}
+
+// idleAgent is the agent side of a test connection. sandboxd never calls
+// agent methods, so none is implemented.
+type idleAgent struct{ acpsdk.Agent }
+
+// agent connects an ACP agent, built on the independent SDK, to the server.
+func (s *server) agent() *acpsdk.AgentSideConnection {
+	return acpsdk.NewAgentSideConnection(idleAgent{}, s.stdin, s.stdout)
+}
+
+// rpcCode returns the JSON-RPC error code carried by err, or 0.
+func rpcCode(err error) int {
+	var re *acpsdk.RequestError
+	if errors.As(err, &re) {
+		return re.Code
+	}
+	return 0
+}
+
+func rpcMessage(err error) string {
+	var re *acpsdk.RequestError
+	if errors.As(err, &re) {
+		return re.Message
+	}
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// runCmd creates a terminal, waits for it and returns its output and status.
+func runCmd(t testing.TB, ctx context.Context, a *acpsdk.AgentSideConnection, req acpsdk.CreateTerminalRequest) (acpsdk.TerminalOutputResponse, acpsdk.WaitForTerminalExitResponse) {
+	t.Helper()
+	created, err := a.CreateTerminal(ctx, req)
+	if err != nil {
+		t.Fatalf("create %q %q: %v", req.Command, req.Args, err)
+	}
+	id := created.TerminalId
+	st, err := a.WaitForTerminalExit(ctx, acpsdk.WaitForTerminalExitRequest{SessionId: req.SessionId, TerminalId: id})
+	if err != nil {
+		t.Fatalf("wait %s: %v", id, err)
+	}
+	out, err := a.TerminalOutput(ctx, acpsdk.TerminalOutputRequest{SessionId: req.SessionId, TerminalId: id})
+	if err != nil {
+		t.Fatalf("output %s: %v", id, err)
+	}
+	if _, err := a.ReleaseTerminal(ctx, acpsdk.ReleaseTerminalRequest{SessionId: req.SessionId, TerminalId: id}); err != nil {
+		t.Fatalf("release %s: %v", id, err)
+	}
+	return out, st
+}
+
+// sh runs a shell command line in the session and returns output and status.
+func sh(t testing.TB, ctx context.Context, a *acpsdk.AgentSideConnection, session, line string) (string, acpsdk.WaitForTerminalExitResponse) {
+	t.Helper()
+	out, st := runCmd(t, ctx, a, acpsdk.CreateTerminalRequest{SessionId: acpsdk.SessionId(session), Command: "/bin/sh", Args: []string{"-c", line}})
+	return out.Output, st
+}
+
+func exitCode(st acpsdk.WaitForTerminalExitResponse) string {
+	if st.Signal != nil {
+		return "signal " + *st.Signal
+	}
+	if st.ExitCode != nil {
+		return "exit " + strconv.Itoa(*st.ExitCode)
+	}
+	return "unknown"
+}
+
+// rawConn speaks newline-delimited JSON-RPC by hand, for what an SDK would
+// not send: malformed lines, explicit cancel requests.
+type rawConn struct {
+	w io.Writer
+	r *bufio.Reader
+}
+
+func (s *server) raw() *rawConn {
+	return &rawConn{w: s.stdin, r: bufio.NewReader(s.stdout)}
+}
+
+func (c *rawConn) send(t testing.TB, line string) {
+	t.Helper()
+	if _, err := io.WriteString(c.w, line+"\n"); err != nil {
+		t.Fatalf("send: %v", err)
+	}
+}
+
+type rawReply struct {
+	ID     json.RawMessage `json:"id"`
+	Result json.RawMessage `json:"result"`
+	Error  *struct {
+		Code    int    `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+func (c *rawConn) recv(t testing.TB) rawReply {
+	t.Helper()
+	type res struct {
+		line []byte
+		err  error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		line, err := c.r.ReadBytes('\n')
+		ch <- res{line, err}
+	}()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			t.Fatalf("recv: %v", r.err)
+		}
+		var rep rawReply
+		if err := json.Unmarshal(r.line, &rep); err != nil {
+			t.Fatalf("recv %q: %v", r.line, err)
+		}
+		return rep
+	case <-time.After(60 * time.Second):
+		t.Fatal("recv: no reply within 60s")
+	}
+	return rawReply{}
+}
+
+// call sends a request and returns its reply.
+func (c *rawConn) call(t testing.TB, id int, method string, params any) rawReply {
+	t.Helper()
+	b, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.send(t, string(b))
+	return c.recv(t)
+}
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t testing.TB, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for delay := time.Millisecond; ; delay = min(delay*2, 100*time.Millisecond) {
+		if cond() {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, timeout)
+		}
+		time.Sleep(delay)
+	}
+}
+
+func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
+
+func writeFile(t testing.TB, name, text string) {
+	t.Helper()
+	if err := os.WriteFile(name, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,232 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	acpsdk "github.com/coder/acp-go-sdk"
+	"github.com/moby/moby/client"
+)
+
+func TestMemoryHogIsReportedAsSIGKILL(t *testing.T) {
+	ws := workspace(t)
+	srv := startServe(t, ws)
+	a := srv.agent()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := a.CallExtension(ctx, "_sandboxd/session/open", map[string]any{"sessionId": "hog", "cwd": ws, "memory": "64MiB"}); err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	// dd fills a 256 MiB block buffer: four times the limit.
+	out, st := sh(t, ctx, a, "hog", "dd if=/dev/zero of=/dev/null bs=256M count=1")
+	if got := exitCode(st); got != "signal SIGKILL" {
+		t.Errorf("memory hog: %s (output %q), want signal SIGKILL", got, out)
+	}
+	// A plain `exit 137` is an exit code, not a signal.
+	if _, st := sh(t, ctx, a, "hog", "exit 137"); exitCode(st) != "exit 137" {
+		t.Errorf("exit 137: %s, want exit 137", exitCode(st))
+	}
+	if out, st := sh(t, ctx, a, "hog", "echo still here"); out != "still here\n" || exitCode(st) != "exit 0" {
+		t.Errorf("session after the OOM kill: %q %s", out, exitCode(st))
+	}
+}
+
+func TestForkBombIsStoppedByPidsLimit(t *testing.T) {
+	ws := workspace(t)
+	srv := startServe(t, ws)
+	a := srv.agent()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := a.CallExtension(ctx, "_sandboxd/session/open", map[string]any{"sessionId": "bomb", "cwd": ws, "pids": 64})
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	var opened struct{ Container string }
+	if err := json.Unmarshal(res, &opened); err != nil {
+		t.Fatal(err)
+	}
+	created, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{
+		SessionId: "bomb", Command: "/bin/sh", Args: []string{"-c", "while :; do sleep 305 & done"}, OutputByteLimit: ptr(4096),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The bomb fills the pids cgroup and can go no further.
+	eventually(t, "fork failures", 60*time.Second, func() bool {
+		out, err := a.TerminalOutput(ctx, acpsdk.TerminalOutputRequest{SessionId: "bomb", TerminalId: created.TerminalId})
+		return err == nil && strings.Contains(out.Output, "can't fork")
+	})
+	stats, err := testEnv.cli.ContainerStats(ctx, opened.Container, client.ContainerStatsOptions{Stream: false})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s struct {
+		PidsStats struct {
+			Current uint64 `json:"current"`
+		} `json:"pids_stats"`
+	}
+	err = json.NewDecoder(stats.Body).Decode(&s)
+	stats.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.PidsStats.Current > 64 || s.PidsStats.Current < 32 {
+		t.Errorf("pids in the container = %d, want the bomb held at the limit of 64", s.PidsStats.Current)
+	}
+	// The kill still works with no pid to spare, and the session recovers.
+	if _, err := a.KillTerminal(ctx, acpsdk.KillTerminalRequest{SessionId: "bomb", TerminalId: created.TerminalId}); err != nil {
+		t.Fatalf("kill of the bomb: %v", err)
+	}
+	if out, st := sh(t, ctx, a, "bomb", "ps -o pid,args | grep -c 'sleep 305' ; cat /sys/fs/cgroup/pids/pids.max"); out != "1\n64\n" {
+		t.Errorf("after kill: %q %s; want only the grep itself and the limit restored", out, exitCode(st))
+	}
+}
+
+func TestCrashedInstanceLeavesNothingAfterRestart(t *testing.T) {
+	ws := workspace(t)
+	srv := startServe(t, ws)
+	a := srv.agent()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: "crash", Command: "sleep", Args: []string{"306"}}); err != nil {
+		t.Fatal(err)
+	}
+	pid := srv.cmd.Process.Pid
+	if n := len(containersOf(t, pid)); n != 1 {
+		t.Fatalf("containers before the crash = %d, want 1", n)
+	}
+	srv.cmd.Process.Signal(syscall.SIGKILL)
+	<-srv.done
+	if n := len(containersOf(t, pid)); n != 1 {
+		t.Fatalf("containers right after SIGKILL = %d, want the orphan still there", n)
+	}
+	// The next start removes what the dead one left, before it serves.
+	next := startServe(t, ws)
+	c := next.raw()
+	if rep := c.call(t, 1, "terminal/output", map[string]any{"sessionId": "x", "terminalId": "y"}); rep.Error == nil || rep.Error.Code != -32002 {
+		t.Fatalf("new instance not serving: %+v", rep)
+	}
+	assertNoContainers(t, pid)
+}
+
+func TestSignalRemovesContainers(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+		t.Run(sig.String(), func(t *testing.T) {
+			ws := workspace(t)
+			srv := startServe(t, ws)
+			a := srv.agent()
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			if _, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: "sig", Command: "sleep", Args: []string{"307"}}); err != nil {
+				t.Fatal(err)
+			}
+			srv.cmd.Process.Signal(sig)
+			select {
+			case <-srv.done:
+			case <-time.After(60 * time.Second):
+				t.Fatal("sandboxd did not exit on signal")
+			}
+			assertNoContainers(t, srv.cmd.Process.Pid)
+		})
+	}
+}
+
+func TestUnixSocketConnectionsAreIsolated(t *testing.T) {
+	ws := workspace(t)
+	sock := filepath.Join(t.TempDir(), "sandboxd.sock")
+	srv := startServe(t, ws, "--listen", "unix:"+sock)
+	eventually(t, "socket", 60*time.Second, func() bool {
+		_, err := os.Stat(sock)
+		return err == nil
+	})
+	fi, err := os.Stat(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if perm := fi.Mode().Perm(); perm != 0o600 {
+		t.Errorf("socket mode = %o, want 600", perm)
+	}
+	dial := func() (*acpsdk.AgentSideConnection, net.Conn) {
+		c, err := net.Dial("unix", sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return acpsdk.NewAgentSideConnection(idleAgent{}, c, c), c
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	a1, c1 := dial()
+	a2, _ := dial()
+	created, err := a1.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: "shared-name", Command: "echo", Args: []string{"mine"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = a2.TerminalOutput(ctx, acpsdk.TerminalOutputRequest{SessionId: "shared-name", TerminalId: created.TerminalId})
+	if rpcCode(err) != -32002 {
+		t.Errorf("second connection reading the first's terminal: err = %v, want -32002", err)
+	}
+	// The same session name on the second connection is its own session.
+	out, _ := runCmd(t, ctx, a2, acpsdk.CreateTerminalRequest{SessionId: "shared-name", Command: "echo", Args: []string{"yours"}})
+	if out.Output != "yours\n" {
+		t.Errorf("second connection output = %q", out.Output)
+	}
+	if n := len(containersOf(t, srv.cmd.Process.Pid)); n != 2 {
+		t.Errorf("containers = %d, want one per connection", n)
+	}
+	// A connection's sessions close when it ends.
+	c1.Close()
+	eventually(t, "first connection's container removed", 60*time.Second, func() bool {
+		return len(containersOf(t, srv.cmd.Process.Pid)) == 1
+	})
+	srv.cmd.Process.Signal(syscall.SIGTERM)
+	<-srv.done
+	if _, err := os.Stat(sock); !os.IsNotExist(err) {
+		t.Errorf("socket left after exit: %v", err)
+	}
+}
+
+func TestRunPassesExitCodeAndOutput(t *testing.T) {
+	ws := workspace(t)
+	tests := []struct {
+		name       string
+		args       []string
+		code       int
+		stdout     string
+		stderrPart string
+	}{
+		{"exit code", []string{"--", "sh", "-c", "echo out; echo err >&2; exit 7"}, 7, "out\n", "err\n"},
+		{"signal is 128+n", []string{"--", "sh", "-c", "kill -KILL $$"}, 137, "", ""},
+		{"limits apply", []string{"--cpus", "0.5", "--pids", "32", "--", "cat", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/pids/pids.max"}, 0, "50000\n32\n", ""},
+		{"workspace is the current directory", []string{"--", "pwd"}, 0, ws + "\n", ""},
+		{"bad flag value", []string{"--memory", "lots", "--", "true"}, 2, "", "--memory"},
+		{"no command", []string{}, 2, "", "no command"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command(testEnv.bin, append([]string{"run", "--config", testEnv.config}, tc.args...)...)
+			cmd.Dir = ws
+			var stdout, stderr strings.Builder
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			cmd.Run()
+			if code := cmd.ProcessState.ExitCode(); code != tc.code {
+				t.Errorf("exit code = %d, want %d (stderr %q)", code, tc.code, stderr.String())
+			}
+			if stdout.String() != tc.stdout {
+				t.Errorf("stdout = %q, want %q", stdout.String(), tc.stdout)
+			}
+			if !strings.Contains(stderr.String(), tc.stderrPart) {
+				t.Errorf("stderr = %q, want it to contain %q", stderr.String(), tc.stderrPart)
+			}
+			assertNoContainers(t, cmd.Process.Pid)
+		})
+	}
+}

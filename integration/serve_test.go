@@ -1,0 +1,325 @@
+package integration
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	acpsdk "github.com/coder/acp-go-sdk"
+)
+
+func TestTerminalBasics(t *testing.T) {
+	ws := workspace(t)
+	if err := os.Mkdir(filepath.Join(ws, "sub dir"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	srv := startServe(t, ws)
+	a := srv.agent()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const sid = "basics"
+
+	tests := []struct {
+		name     string
+		req      acpsdk.CreateTerminalRequest
+		want     string
+		wantExit string
+	}{
+		{"output and exit code", acpsdk.CreateTerminalRequest{Command: "/bin/sh", Args: []string{"-c", "echo hello; exit 3"}}, "hello\n", "exit 3"},
+		{"stderr merged", acpsdk.CreateTerminalRequest{Command: "/bin/sh", Args: []string{"-c", "echo out; echo err >&2; echo out2"}}, "out\nerr\nout2\n", "exit 0"},
+		{"args passed exactly", acpsdk.CreateTerminalRequest{Command: "printf", Args: []string{"[%s]", "a b", `it's "q"`, "$HOME", "*", ""}}, `[a b][it's "q"][$HOME][*][]`, "exit 0"},
+		{"command line runs in sh", acpsdk.CreateTerminalRequest{Command: "echo one && echo two | tr a-z A-Z"}, "one\nTWO\n", "exit 0"},
+		{"env", acpsdk.CreateTerminalRequest{Command: "printenv", Args: []string{"GREETING"}, Env: []acpsdk.EnvVariable{{Name: "GREETING", Value: "hi there; $x"}}}, "hi there; $x\n", "exit 0"},
+		{"cwd", acpsdk.CreateTerminalRequest{Command: "pwd", Cwd: ptr(filepath.Join(ws, "sub dir"))}, filepath.Join(ws, "sub dir") + "\n", "exit 0"},
+		{"default cwd is the workspace", acpsdk.CreateTerminalRequest{Command: "pwd"}, ws + "\n", "exit 0"},
+		{"missing command is 126 or 127", acpsdk.CreateTerminalRequest{Command: "/no/such/command"}, "", "exit 12"},
+		{"runs as the workspace owner", acpsdk.CreateTerminalRequest{Command: "id", Args: []string{"-u"}}, "1000\n", "exit 0"},
+		{"workspace is writable", acpsdk.CreateTerminalRequest{Command: "/bin/sh", Args: []string{"-c", "echo x > f && cat f && rm f"}}, "x\n", "exit 0"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.req.SessionId = sid
+			out, st := runCmd(t, ctx, a, tc.req)
+			got := exitCode(st)
+			if !strings.HasPrefix(got, tc.wantExit) {
+				t.Errorf("status = %s, want %s", got, tc.wantExit)
+			}
+			if tc.want != "" && out.Output != tc.want {
+				t.Errorf("output = %q, want %q", out.Output, tc.want)
+			}
+			if out.Truncated {
+				t.Errorf("truncated = true")
+			}
+			if out.ExitStatus == nil || exitCode(acpsdk.WaitForTerminalExitResponse{ExitCode: out.ExitStatus.ExitCode, Signal: out.ExitStatus.Signal}) != got {
+				t.Errorf("terminal/output exitStatus = %+v, want the same as wait_for_exit (%s)", out.ExitStatus, got)
+			}
+		})
+	}
+}
+
+func TestOutputLimitKeepsValidUTF8Tail(t *testing.T) {
+	ws := workspace(t)
+	srv := startServe(t, ws)
+	a := srv.agent()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// 18 bytes a line, three multi-byte characters in it: 555556 lines are
+	// just over 10 MB.
+	const line = "héllo wörld ✓\n"
+	out, st := runCmd(t, ctx, a, acpsdk.CreateTerminalRequest{
+		SessionId:       "utf8",
+		Command:         "/bin/sh",
+		Args:            []string{"-c", "yes 'héllo wörld ✓' | head -n 555556"},
+		OutputByteLimit: ptr(1024),
+	})
+	if got := exitCode(st); got != "exit 0" {
+		t.Fatalf("status = %s", got)
+	}
+	if !out.Truncated {
+		t.Error("truncated = false after 10 MB through a 1 KiB limit")
+	}
+	if n := len(out.Output); n > 1024 || n < 1024-3 {
+		t.Errorf("len(output) = %d, want 1021..1024", n)
+	}
+	if !utf8.ValidString(out.Output) {
+		t.Error("output is not valid UTF-8")
+	}
+	if !strings.HasSuffix(out.Output, line) {
+		t.Errorf("output does not end with the last line: %q", out.Output[max(0, len(out.Output)-40):])
+	}
+	if !strings.HasSuffix(strings.Repeat(line, 1024/len(line)+2), out.Output) {
+		t.Errorf("output is not a tail of the stream: %q", out.Output[:40])
+	}
+}
+
+func TestKill(t *testing.T) {
+	ws := workspace(t)
+	srv := startServe(t, ws)
+	a := srv.agent()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const sid = "kill"
+	created, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{
+		SessionId: sid, Command: "/bin/sh", Args: []string{"-c", "echo started; sleep 300 & sleep 300 & wait"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created.TerminalId
+	eventually(t, "output 'started'", 30*time.Second, func() bool {
+		out, err := a.TerminalOutput(ctx, acpsdk.TerminalOutputRequest{SessionId: sid, TerminalId: id})
+		return err == nil && out.Output == "started\n"
+	})
+	if _, err := a.KillTerminal(ctx, acpsdk.KillTerminalRequest{SessionId: sid, TerminalId: id}); err != nil {
+		t.Fatalf("kill: %v", err)
+	}
+	st, err := a.WaitForTerminalExit(ctx, acpsdk.WaitForTerminalExitRequest{SessionId: sid, TerminalId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := exitCode(st); got != "signal SIGTERM" {
+		t.Errorf("status after kill = %s, want signal SIGTERM", got)
+	}
+	if ps, _ := sh(t, ctx, a, sid, "ps -o pid,args"); strings.Contains(ps, "sleep 300") {
+		t.Errorf("processes of the killed command are left:\n%s", ps)
+	}
+	// Output stays readable, and a second kill changes nothing.
+	for range 2 {
+		if _, err := a.KillTerminal(ctx, acpsdk.KillTerminalRequest{SessionId: sid, TerminalId: id}); err != nil {
+			t.Fatalf("kill after exit: %v", err)
+		}
+		out, err := a.TerminalOutput(ctx, acpsdk.TerminalOutputRequest{SessionId: sid, TerminalId: id})
+		if err != nil {
+			t.Fatalf("output after kill: %v", err)
+		}
+		if out.Output != "started\n" || out.ExitStatus == nil || out.ExitStatus.Signal == nil || *out.ExitStatus.Signal != "SIGTERM" {
+			t.Errorf("output after kill = %+v", out)
+		}
+	}
+}
+
+func TestKillIgnoringTermGetsKilled(t *testing.T) {
+	ws := workspace(t)
+	srv := startServe(t, ws)
+	a := srv.agent()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const sid = "stubborn"
+	created, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{
+		SessionId: sid, Command: "/bin/sh", Args: []string{"-c", "trap '' TERM; setsid sleep 301 & echo ready; while :; do sleep 1; done"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created.TerminalId
+	eventually(t, "output 'ready'", 30*time.Second, func() bool {
+		out, err := a.TerminalOutput(ctx, acpsdk.TerminalOutputRequest{SessionId: sid, TerminalId: id})
+		return err == nil && out.Output == "ready\n"
+	})
+	if _, err := a.KillTerminal(ctx, acpsdk.KillTerminalRequest{SessionId: sid, TerminalId: id}); err != nil {
+		t.Fatalf("kill: %v", err)
+	}
+	st, err := a.WaitForTerminalExit(ctx, acpsdk.WaitForTerminalExitRequest{SessionId: sid, TerminalId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := exitCode(st); got != "signal SIGKILL" {
+		t.Errorf("status = %s, want signal SIGKILL", got)
+	}
+	if ps, _ := sh(t, ctx, a, sid, "ps -o pid,args"); strings.Contains(ps, "sleep 301") {
+		t.Errorf("a process that left the session survived the kill:\n%s", ps)
+	}
+}
+
+func TestReleaseMakesIDUnknown(t *testing.T) {
+	ws := workspace(t)
+	srv := startServe(t, ws)
+	a := srv.agent()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const sid = "release"
+	created, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: sid, Command: "sleep", Args: []string{"302"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := created.TerminalId
+	if _, err := a.ReleaseTerminal(ctx, acpsdk.ReleaseTerminalRequest{SessionId: sid, TerminalId: id}); err != nil {
+		t.Fatalf("release of a running terminal: %v", err)
+	}
+	calls := map[string]func() error{
+		"output": func() error {
+			_, err := a.TerminalOutput(ctx, acpsdk.TerminalOutputRequest{SessionId: sid, TerminalId: id})
+			return err
+		},
+		"wait_for_exit": func() error {
+			_, err := a.WaitForTerminalExit(ctx, acpsdk.WaitForTerminalExitRequest{SessionId: sid, TerminalId: id})
+			return err
+		},
+		"kill": func() error {
+			_, err := a.KillTerminal(ctx, acpsdk.KillTerminalRequest{SessionId: sid, TerminalId: id})
+			return err
+		},
+		"release": func() error {
+			_, err := a.ReleaseTerminal(ctx, acpsdk.ReleaseTerminalRequest{SessionId: sid, TerminalId: id})
+			return err
+		},
+	}
+	for name, call := range calls {
+		if err := call(); rpcCode(err) != -32002 || !strings.Contains(rpcMessage(err), string(id)) {
+			t.Errorf("%s after release: err = %v, want -32002 naming %s", name, err, id)
+		}
+	}
+	if ps, _ := sh(t, ctx, a, sid, "ps -o pid,args"); strings.Contains(ps, "sleep 302") {
+		t.Errorf("release left the command running:\n%s", ps)
+	}
+}
+
+func TestConcurrentTerminalsAndWaiters(t *testing.T) {
+	ws := workspace(t)
+	srv := startServe(t, ws)
+	a := srv.agent()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const sid = "many"
+	const n = 8
+	var wg sync.WaitGroup
+	errs := make(chan string, 3*n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			created, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{
+				SessionId: sid, Command: "/bin/sh", Args: []string{"-c", "sleep 1; echo $N"},
+				Env: []acpsdk.EnvVariable{{Name: "N", Value: string(rune('a' + i))}},
+			})
+			if err != nil {
+				errs <- err.Error()
+				return
+			}
+			// Two waiters on the same terminal both get the status.
+			var ww sync.WaitGroup
+			for range 2 {
+				ww.Add(1)
+				go func() {
+					defer ww.Done()
+					st, err := a.WaitForTerminalExit(ctx, acpsdk.WaitForTerminalExitRequest{SessionId: sid, TerminalId: created.TerminalId})
+					if err != nil || exitCode(st) != "exit 0" {
+						errs <- "wait: " + exitCode(st) + rpcMessage(err)
+					}
+				}()
+			}
+			ww.Wait()
+			out, err := a.TerminalOutput(ctx, acpsdk.TerminalOutputRequest{SessionId: sid, TerminalId: created.TerminalId})
+			if err != nil || out.Output != string(rune('a'+i))+"\n" {
+				errs <- "output: " + out.Output + rpcMessage(err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+}
+
+func TestCancelWaitForExit(t *testing.T) {
+	ws := workspace(t)
+	srv := startServe(t, ws)
+	c := srv.raw()
+	rep := c.call(t, 1, "terminal/create", map[string]any{"sessionId": "cancel", "command": "sleep", "args": []string{"303"}})
+	if rep.Error != nil {
+		t.Fatalf("create: %+v", rep.Error)
+	}
+	var created struct{ TerminalID string }
+	if err := jsonUnmarshal(rep.Result, &created); err != nil {
+		t.Fatal(err)
+	}
+	c.send(t, `{"jsonrpc":"2.0","id":2,"method":"terminal/wait_for_exit","params":{"sessionId":"cancel","terminalId":"`+created.TerminalID+`"}}`)
+	c.send(t, `{"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":2}}`)
+	rep = c.recv(t)
+	if string(rep.ID) != "2" || rep.Error == nil || rep.Error.Code != -32800 {
+		t.Fatalf("reply to cancelled wait = id %s %+v, want error -32800", rep.ID, rep.Error)
+	}
+	// The terminal itself is untouched by the cancel.
+	rep = c.call(t, 3, "terminal/output", map[string]any{"sessionId": "cancel", "terminalId": created.TerminalID})
+	if rep.Error != nil || strings.Contains(string(rep.Result), "exitStatus") {
+		t.Fatalf("output after cancel = %s %+v, want a running terminal", rep.Result, rep.Error)
+	}
+}
+
+func TestContainerIsHardened(t *testing.T) {
+	ws := workspace(t)
+	srv := startServe(t, ws)
+	a := srv.agent()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const sid = "hardened"
+	checks := []struct {
+		name, line, want string
+	}{
+		{"uid is not 0", "id -u", "1000\n"},
+		{"no network but loopback", "ls /sys/class/net", "lo\n"},
+		{"root is read-only", "touch /etc/x 2>&1; echo $?", "touch: /etc/x: Read-only file system\n1\n"},
+		{"no docker socket", "ls /var/run/docker.sock /run/docker.sock 2>/dev/null; echo $?", "1\n"},
+		{"cpu quota of 1 cpu", "cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us /sys/fs/cgroup/cpu/cpu.cfs_period_us", "100000\n100000\n"},
+		{"memory limit", "cat /sys/fs/cgroup/memory/memory.limit_in_bytes", "268435456\n"},
+		{"pids limit", "cat /sys/fs/cgroup/pids/pids.max", "256\n"},
+		{"no capabilities", "grep CapEff /proc/self/status", "CapEff:\t0000000000000000\n"},
+		{"no new privileges", "grep NoNewPrivs /proc/self/status", "NoNewPrivs:\t1\n"},
+		{"scratch is writable", "echo x > /tmp/x && cat /tmp/x", "x\n"},
+		{"no host path but the workspace", "grep -c ' /dev/vd\\| /dev/sd\\| /dev/nvme' /proc/self/mounts >/dev/null; awk '$2 !~ /^\\/(proc|sys|dev|tmp|var\\/tmp|run|home|etc\\/(hosts|hostname|resolv.conf))/ && $2 != \"/\" {print $2}' /proc/self/mounts", ws + "\n"},
+	}
+	for _, c := range checks {
+		t.Run(c.name, func(t *testing.T) {
+			out, st := sh(t, ctx, a, sid, c.line)
+			if out != c.want {
+				t.Errorf("%s: output %q (%s), want %q", c.line, out, exitCode(st), c.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,358 @@
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+
+	"github.com/sandboxd/sandboxd/limits"
+)
+
+// Config is sandboxd's configuration, as read from sandbox.toml.
+type Config struct {
+	Session  SessionConfig  `toml:"session"`
+	Terminal TerminalConfig `toml:"terminal"`
+	Server   ServerConfig   `toml:"server"`
+}
+
+// SessionConfig describes the container every session gets.
+type SessionConfig struct {
+	Image           string   `toml:"image"`
+	CPUs            CPUs     `toml:"cpus"`
+	Memory          ByteSize `toml:"memory"`
+	Pids            Pids     `toml:"pids"`
+	Network         string   `toml:"network"`
+	User            string   `toml:"user"`
+	FallbackUser    string   `toml:"fallback_user"`
+	Workspace       string   `toml:"workspace"`
+	WorkspaceMode   string   `toml:"workspace_mode"`
+	ReadonlyRootfs  bool     `toml:"readonly_rootfs"`
+	Scratch         []string `toml:"scratch"`
+	ScratchSize     ByteSize `toml:"scratch_size"`
+	CapDrop         []string `toml:"cap_drop"`
+	NoNewPrivileges bool     `toml:"no_new_privileges"`
+	Init            bool     `toml:"init"`
+	Mounts          []Mount  `toml:"mounts"`
+	Max             MaxLimits `toml:"max"`
+}
+
+// MaxLimits bounds what a client may ask for.
+type MaxLimits struct {
+	CPUs   CPUs     `toml:"cpus"`
+	Memory ByteSize `toml:"memory"`
+	Pids   Pids     `toml:"pids"`
+}
+
+// Mount is an extra host path granted to every session.
+type Mount struct {
+	Source string `toml:"source"`
+	Target string `toml:"target"`
+	Mode   string `toml:"mode"`
+}
+
+// TerminalConfig holds per-terminal settings.
+type TerminalConfig struct {
+	OutputByteLimit    ByteSize `toml:"output_byte_limit"`
+	MaxOutputByteLimit ByteSize `toml:"max_output_byte_limit"`
+	KillGrace          Duration `toml:"kill_grace"`
+	MaxTerminals       Count    `toml:"max_terminals"`
+}
+
+// ServerConfig holds instance-wide settings.
+type ServerConfig struct {
+	MaxSessions Count    `toml:"max_sessions"`
+	IdleTimeout Duration `toml:"idle_timeout"`
+}
+
+// Limits returns the session's default resource limits.
+func (c SessionConfig) Limits() limits.Limits {
+	return limits.Limits{CPUs: float64(c.CPUs), Memory: int64(c.Memory), Pids: int64(c.Pids)}
+}
+
+// MaxLimits returns the largest limits a client may ask for.
+func (c SessionConfig) MaxLimits() limits.Limits {
+	return limits.Limits{CPUs: float64(c.Max.CPUs), Memory: int64(c.Max.Memory), Pids: int64(c.Max.Pids)}
+}
+
+// CPUs is a CPU count written as "1.5" or 1.5.
+type CPUs float64
+
+// UnmarshalTOML accepts a number or a string.
+func (c *CPUs) UnmarshalTOML(v any) error {
+	s, err := scalarString(v)
+	if err != nil {
+		return err
+	}
+	f, err := limits.ParseCPUs(s)
+	if err != nil {
+		return err
+	}
+	*c = CPUs(f)
+	return nil
+}
+
+// ByteSize is a size in bytes written as "512MiB", "2g" or 1048576.
+type ByteSize int64
+
+// UnmarshalTOML accepts a number or a string with a unit.
+func (b *ByteSize) UnmarshalTOML(v any) error {
+	s, err := scalarString(v)
+	if err != nil {
+		return err
+	}
+	n, err := limits.ParseBytes(s)
+	if err != nil {
+		return err
+	}
+	if n <= 0 {
+		return fmt.Errorf("size %q must be greater than zero", s)
+	}
+	*b = ByteSize(n)
+	return nil
+}
+
+func (b ByteSize) String() string { return limits.FormatBytes(int64(b)) }
+
+// Pids is a process count limit.
+type Pids int64
+
+// UnmarshalTOML accepts a number or a numeric string.
+func (p *Pids) UnmarshalTOML(v any) error {
+	s, err := scalarString(v)
+	if err != nil {
+		return err
+	}
+	n, err := limits.ParsePids(s)
+	if err != nil {
+		return err
+	}
+	*p = Pids(n)
+	return nil
+}
+
+// Count is a positive whole number.
+type Count int
+
+// UnmarshalTOML accepts a positive integer.
+func (c *Count) UnmarshalTOML(v any) error {
+	s, err := scalarString(v)
+	if err != nil {
+		return err
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n <= 0 {
+		return fmt.Errorf("%q is not a positive whole number", s)
+	}
+	*c = Count(n)
+	return nil
+}
+
+// Duration is written as "30s", "5m" or "1h30m".
+type Duration time.Duration
+
+// UnmarshalTOML accepts a Go duration string.
+func (d *Duration) UnmarshalTOML(v any) error {
+	s, ok := v.(string)
+	if !ok {
+		return fmt.Errorf("duration must be a string such as \"30s\", got %v", v)
+	}
+	x, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("bad duration %q: write it as \"30s\" or \"5m\"", s)
+	}
+	if x < 0 {
+		return fmt.Errorf("duration %q must not be negative", s)
+	}
+	*d = Duration(x)
+	return nil
+}
+
+func scalarString(v any) (string, error) {
+	switch x := v.(type) {
+	case string:
+		return x, nil
+	case int64:
+		return strconv.FormatInt(x, 10), nil
+	case float64:
+		if math.IsNaN(x) || math.IsInf(x, 0) {
+			return "", fmt.Errorf("%v is not a number", x)
+		}
+		return strconv.FormatFloat(x, 'f', -1, 64), nil
+	default:
+		return "", fmt.Errorf("want a number or a string, got %T", v)
+	}
+}
+
+// ConfigError names the file, line and key of a bad setting.
+type ConfigError struct {
+	File string
+	Line int // 0 when unknown
+	Key  string
+	Err  error
+}
+
+func (e *ConfigError) Error() string {
+	var b strings.Builder
+	b.WriteString(e.File)
+	if e.Line > 0 {
+		fmt.Fprintf(&b, ":%d", e.Line)
+	}
+	if e.Key != "" {
+		fmt.Fprintf(&b, ": %s", e.Key)
+	}
+	fmt.Fprintf(&b, ": %v", e.Err)
+	return b.String()
+}
+
+func (e *ConfigError) Unwrap() error { return e.Err }
+
+// LoadConfig reads the configuration from file, on top of the embedded
+// defaults. An empty file name gives the defaults alone. hostCPUs bounds the
+// CPU settings.
+func LoadConfig(defaults, file string, hostCPUs int) (Config, error) {
+	var cfg Config
+	if err := decodeConfig(&cfg, "sandbox.toml (embedded default)", defaults); err != nil {
+		return Config{}, err
+	}
+	if file == "" {
+		return cfg, cfg.validate("sandbox.toml (embedded default)", defaults, hostCPUs)
+	}
+	text, err := os.ReadFile(file)
+	if err != nil {
+		return Config{}, fmt.Errorf("read config: %w", err)
+	}
+	if err := decodeConfig(&cfg, file, string(text)); err != nil {
+		return Config{}, err
+	}
+	return cfg, cfg.validate(file, string(text), hostCPUs)
+}
+
+func decodeConfig(cfg *Config, file, text string) error {
+	md, err := toml.Decode(text, cfg)
+	if err != nil {
+		var pe toml.ParseError
+		if errors.As(err, &pe) {
+			msg := pe.Message
+			if inner := errors.Unwrap(pe); inner != nil {
+				msg = inner.Error()
+			}
+			return &ConfigError{File: file, Line: pe.Position.Line, Key: pe.LastKey, Err: errors.New(msg)}
+		}
+		// Type mismatches come as plain errors with the position in the
+		// text.
+		if m := tomlErrPos.FindStringSubmatch(err.Error()); m != nil {
+			line, _ := strconv.Atoi(m[1])
+			return &ConfigError{File: file, Line: line, Key: m[2], Err: errors.New(m[3])}
+		}
+		return &ConfigError{File: file, Err: err}
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		key := und[0].String()
+		return &ConfigError{File: file, Line: keyLine(text, key), Key: key, Err: errors.New("unknown setting")}
+	}
+	return nil
+}
+
+var tomlErrPos = regexp.MustCompile(`^toml: line (\d+) \(last key "([^"]*)"\): (.*)$`)
+
+var uidGID = regexp.MustCompile(`^[0-9]+:[0-9]+$`)
+
+func (c Config) validate(file, text string, hostCPUs int) error {
+	bad := func(key string, format string, args ...any) error {
+		return &ConfigError{File: file, Line: keyLine(text, key), Key: key, Err: fmt.Errorf(format, args...)}
+	}
+	s := c.Session
+	if s.Image == "" {
+		return bad("session.image", "must not be empty")
+	}
+	if err := s.Limits().Validate(hostCPUs); err != nil {
+		return bad("session."+limitField(err), "%v", err)
+	}
+	if err := s.MaxLimits().Validate(hostCPUs); err != nil {
+		return bad("session.max."+limitField(err), "%v", err)
+	}
+	if err := s.Limits().Within(s.MaxLimits()); err != nil {
+		return bad("session."+limitField(err), "%v", err)
+	}
+	if s.Network == "" || s.Network == "host" || strings.HasPrefix(s.Network, "container:") {
+		return bad("session.network", "%q is not allowed: use \"none\" or a Docker network name", s.Network)
+	}
+	for _, key := range []struct{ name, v string }{{"session.user", s.User}, {"session.fallback_user", s.FallbackUser}} {
+		if key.v == "" && key.name == "session.user" {
+			continue
+		}
+		if !uidGID.MatchString(key.v) {
+			return bad(key.name, "%q must be written as uid:gid, e.g. \"1000:1000\"", key.v)
+		}
+		if strings.HasPrefix(key.v, "0:") {
+			return bad(key.name, "uid 0 (root) is never used inside a sandbox")
+		}
+	}
+	if s.Workspace != "" && !filepath.IsAbs(s.Workspace) {
+		return bad("session.workspace", "%q must be an absolute path", s.Workspace)
+	}
+	if s.WorkspaceMode != "rw" && s.WorkspaceMode != "ro" {
+		return bad("session.workspace_mode", "%q must be \"rw\" or \"ro\"", s.WorkspaceMode)
+	}
+	for _, p := range s.Scratch {
+		if !filepath.IsAbs(p) || filepath.Clean(p) == "/" {
+			return bad("session.scratch", "%q must be an absolute path other than /", p)
+		}
+	}
+	for _, m := range s.Mounts {
+		if !filepath.IsAbs(m.Source) || !filepath.IsAbs(m.Target) {
+			return bad("session.mounts", "source and target must be absolute paths, got %q -> %q", m.Source, m.Target)
+		}
+		if m.Mode != "ro" && m.Mode != "rw" && m.Mode != "" {
+			return bad("session.mounts", "mode %q must be \"rw\" or \"ro\"", m.Mode)
+		}
+	}
+	t := c.Terminal
+	if t.OutputByteLimit > t.MaxOutputByteLimit {
+		return bad("terminal.output_byte_limit", "%s is above max_output_byte_limit %s", t.OutputByteLimit, t.MaxOutputByteLimit)
+	}
+	if t.MaxOutputByteLimit > 1<<30 {
+		return bad("terminal.max_output_byte_limit", "%s is above the 1GiB a terminal may hold", t.MaxOutputByteLimit)
+	}
+	return nil
+}
+
+// limitField names the limits field an error from package limits is about.
+func limitField(err error) string {
+	msg := err.Error()
+	for _, f := range []string{"cpus", "memory", "pids"} {
+		if strings.Contains(msg, f) {
+			return f
+		}
+	}
+	return "limits"
+}
+
+// keyLine finds the line where a dotted key is set, for messages about
+// settings the TOML decoder gives no position for.
+func keyLine(text, key string) int {
+	parts := strings.Split(key, ".")
+	leaf := parts[len(parts)-1]
+	table := strings.Join(parts[:len(parts)-1], ".")
+	current := ""
+	for i, line := range strings.Split(text, "\n") {
+		l := strings.TrimSpace(line)
+		if strings.HasPrefix(l, "[") {
+			current = strings.Trim(l, "[] ")
+			continue
+		}
+		name, _, ok := strings.Cut(l, "=")
+		if ok && strings.TrimSpace(name) == leaf && current == table {
+			return i + 1
+		}
+	}
+	return 0
+}

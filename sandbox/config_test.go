@@ -1,0 +1,169 @@
+package sandbox
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd"
+)
+
+func TestDefaultConfig(t *testing.T) {
+	cfg, err := LoadConfig(sandboxd.DefaultConfig, "", 2)
+	if err != nil {
+		t.Fatalf("embedded default does not load: %v", err)
+	}
+	s := cfg.Session
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"image", s.Image, "sandboxd/base:1"},
+		{"cpus", float64(s.CPUs), 1.0},
+		{"memory", int64(s.Memory), int64(1 << 30)},
+		{"pids", int64(s.Pids), int64(256)},
+		{"network", s.Network, "none"},
+		{"user", s.User, ""},
+		{"fallback user", s.FallbackUser, "65534:65534"},
+		{"readonly", s.ReadonlyRootfs, true},
+		{"cap drop", strings.Join(s.CapDrop, ","), "ALL"},
+		{"no new privileges", s.NoNewPrivileges, true},
+		{"init", s.Init, true},
+		{"output limit", int64(cfg.Terminal.OutputByteLimit), int64(1 << 20)},
+		{"kill grace", time.Duration(cfg.Terminal.KillGrace), 2 * time.Second},
+		{"max sessions", int(cfg.Server.MaxSessions), 16},
+		{"idle timeout", time.Duration(cfg.Server.IdleTimeout), 30 * time.Minute},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
+		}
+	}
+}
+
+func TestConfigOverridesAndErrors(t *testing.T) {
+	dir := t.TempDir()
+	tests := []struct {
+		name    string
+		text    string
+		hostCPU int
+		wantErr string // "" means it loads
+		check   func(t *testing.T, c Config)
+	}{
+		{name: "numbers and strings both work", text: "[session]\ncpus = 1.5\nmemory = 536870912\npids = \"128\"\n", hostCPU: 2,
+			check: func(t *testing.T, c Config) {
+				if c.Session.CPUs != 1.5 || c.Session.Memory != 512<<20 || c.Session.Pids != 128 {
+					t.Errorf("got %+v", c.Session)
+				}
+			}},
+		{name: "unset keys keep defaults", text: "[terminal]\nkill_grace = \"5s\"\n", hostCPU: 2,
+			check: func(t *testing.T, c Config) {
+				if c.Session.Image != "sandboxd/base:1" || time.Duration(c.Terminal.KillGrace) != 5*time.Second {
+					t.Errorf("got %+v", c)
+				}
+			}},
+		{name: "negative memory", text: "[session]\nmemory = \"-1g\"\n", hostCPU: 2, wantErr: ":2: session.memory"},
+		{name: "zero memory", text: "[session]\nmemory = 0\n", hostCPU: 2, wantErr: ":2: session.memory"},
+		{name: "cpus above host", text: "[session]\ncpus = 3\n", hostCPU: 2, wantErr: ":2: session.cpus"},
+		{name: "pids below 8", text: "\n[session]\npids = 7\n", hostCPU: 2, wantErr: ":3: session.pids"},
+		{name: "default above max", text: "[session]\npids = 2000\n", hostCPU: 2, wantErr: ":2: session.pids"},
+		{name: "unknown key", text: "[session]\nimage = \"x\"\nnetwrok = \"none\"\n", hostCPU: 2, wantErr: ":3: session.netwrok"},
+		{name: "host network", text: "[session]\nnetwork = \"host\"\n", hostCPU: 2, wantErr: ":2: session.network"},
+		{name: "root user", text: "[session]\nuser = \"0:0\"\n", hostCPU: 2, wantErr: ":2: session.user"},
+		{name: "user without gid", text: "[session]\nuser = \"1000\"\n", hostCPU: 2, wantErr: ":2: session.user"},
+		{name: "relative workspace", text: "[session]\nworkspace = \"src\"\n", hostCPU: 2, wantErr: ":2: session.workspace"},
+		{name: "bad workspace mode", text: "[session]\nworkspace_mode = \"rwx\"\n", hostCPU: 2, wantErr: ":2: session.workspace_mode"},
+		{name: "scratch at root", text: "[session]\nscratch = [\"/\"]\n", hostCPU: 2, wantErr: ":2: session.scratch"},
+		{name: "bad duration", text: "[terminal]\nkill_grace = 5\n", hostCPU: 2, wantErr: ":2: terminal.kill_grace"},
+		{name: "output limit above its max", text: "[terminal]\noutput_byte_limit = \"32MiB\"\n", hostCPU: 2, wantErr: ":2: terminal.output_byte_limit"},
+		{name: "zero sessions", text: "[server]\nmax_sessions = 0\n", hostCPU: 2, wantErr: ":2: server.max_sessions"},
+		{name: "wrong type", text: "[session]\nimage = 5\n", hostCPU: 2, wantErr: ":2: session.image"},
+		{name: "syntax error", text: "[session\n", hostCPU: 2, wantErr: ":2"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			file := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "_")+".toml")
+			if err := os.WriteFile(file, []byte(tc.text), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			cfg, err := LoadConfig(sandboxd.DefaultConfig, file, tc.hostCPU)
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatalf("LoadConfig: %v", err)
+				}
+				tc.check(t, cfg)
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), file+tc.wantErr) {
+				t.Errorf("err = %v, want it to contain %q", err, file+tc.wantErr)
+			}
+		})
+	}
+}
+
+func TestConfigMissingFile(t *testing.T) {
+	_, err := LoadConfig(sandboxd.DefaultConfig, filepath.Join(t.TempDir(), "nope.toml"), 2)
+	if err == nil || !strings.Contains(err.Error(), "nope.toml") {
+		t.Errorf("err = %v", err)
+	}
+}
+
+func TestCommandArgv(t *testing.T) {
+	tests := []struct {
+		cmd  Command
+		want []string
+	}{
+		{Command{Command: "ls"}, []string{"ls"}},
+		{Command{Command: "ls", Args: []string{"-la", "a b"}}, []string{"ls", "-la", "a b"}},
+		{Command{Command: "ls -la"}, []string{"/bin/sh", "-c", "ls -la"}},
+		{Command{Command: "make && make test"}, []string{"/bin/sh", "-c", "make && make test"}},
+		{Command{Command: "/usr/bin/env"}, []string{"/usr/bin/env"}},
+		// With args the command is a program name, whatever it contains.
+		{Command{Command: "my prog", Args: []string{"x"}}, []string{"my prog", "x"}},
+	}
+	for _, tc := range tests {
+		if got := tc.cmd.Argv(); strings.Join(got, "\x00") != strings.Join(tc.want, "\x00") {
+			t.Errorf("%+v.Argv() = %q, want %q", tc.cmd, got, tc.want)
+		}
+	}
+}
+
+func TestParseOOMKills(t *testing.T) {
+	tests := []struct {
+		text string
+		want int64
+	}{
+		{"oom_kill_disable 0\nunder_oom 0\noom_kill 3\n", 3},
+		{"low 0\nhigh 0\nmax 5\noom 2\noom_kill 2\noom_group_kill 0\n", 2},
+		{"", 0},
+		{"oom_kill x\n", 0},
+	}
+	for _, tc := range tests {
+		if got := parseOOMKills([]byte(tc.text)); got != tc.want {
+			t.Errorf("parseOOMKills(%q) = %d, want %d", tc.text, got, tc.want)
+		}
+	}
+}
+
+func TestExitCode(t *testing.T) {
+	code := func(n int) *int { return &n }
+	sig := func(s string) *string { return &s }
+	tests := []struct {
+		st   ExitStatus
+		want int
+	}{
+		{ExitStatus{ExitCode: code(0)}, 0},
+		{ExitStatus{ExitCode: code(3)}, 3},
+		{ExitStatus{Signal: sig("SIGKILL")}, 137},
+		{ExitStatus{Signal: sig("SIGTERM")}, 143},
+		{ExitStatus{Signal: sig("SIG10")}, 138},
+		{ExitStatus{}, 255},
+	}
+	for _, tc := range tests {
+		if got := ExitCode(tc.st); got != tc.want {
+			t.Errorf("ExitCode(%+v) = %d, want %d", tc.st, got, tc.want)
+		}
+	}
+}

@@ -1,0 +1,250 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/client"
+)
+
+// ErrNotFound is returned for a session or terminal id that does not exist
+// (or no longer does).
+var ErrNotFound = errors.New("not found")
+
+// ErrInvalid is returned for a request that is wrong in itself: a relative
+// cwd, a NUL byte, a limit above the maximum. Its message names the field.
+var ErrInvalid = errors.New("invalid")
+
+// ErrLimit is returned when a configured maximum (sessions, terminals) is
+// reached.
+var ErrLimit = errors.New("limit reached")
+
+// Manager owns the sessions of one sandboxd instance and removes their
+// containers when it closes.
+type Manager struct {
+	cli      *client.Client
+	cfg      Config
+	log      *slog.Logger
+	instance *Instance
+	hostCPUs int
+
+	// ctx lives as long as the manager: terminals outlive the request that
+	// created them.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu       sync.Mutex
+	sessions map[string]*Session
+	closed   bool
+	wg       sync.WaitGroup
+}
+
+// NewManager connects sandboxd to the engine: it takes an instance lock,
+// removes what dead instances left behind, and reads the engine's CPU count.
+func NewManager(ctx context.Context, cli *client.Client, cfg Config, log *slog.Logger) (*Manager, error) {
+	info, err := cli.Info(ctx, client.InfoOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("connect to engine: %w", engineError(err))
+	}
+	in, err := NewInstance()
+	if err != nil {
+		return nil, err
+	}
+	if _, err := GC(ctx, cli, log, GCOptions{Keep: in.ID}); err != nil {
+		log.Warn("gc at start", "err", err)
+	}
+	mctx, cancel := context.WithCancel(context.Background())
+	m := &Manager{
+		cli:      cli,
+		cfg:      cfg,
+		log:      log.With("instance", in.ID),
+		instance: in,
+		hostCPUs: info.Info.NCPU,
+		ctx:      mctx,
+		cancel:   cancel,
+		sessions: make(map[string]*Session),
+	}
+	if d := time.Duration(cfg.Server.IdleTimeout); d > 0 {
+		m.wg.Add(1)
+		go m.reapIdle(d)
+	}
+	return m, nil
+}
+
+// Config returns the configuration the manager runs with.
+func (m *Manager) Config() Config { return m.cfg }
+
+// Client returns the engine client.
+func (m *Manager) Client() *client.Client { return m.cli }
+
+// InstanceID returns the id that labels this instance's containers.
+func (m *Manager) InstanceID() string { return m.instance.ID }
+
+// HostCPUs returns the engine's CPU count, the upper bound for cpus.
+func (m *Manager) HostCPUs() int { return m.hostCPUs }
+
+// Open creates and starts the container of a new session under key, which
+// callers use to keep sessions of different clients apart. Opening a key
+// that is already open is an error.
+func (m *Manager) Open(ctx context.Context, key string, spec SessionSpec) (*Session, error) {
+	s, created, err := m.openOrGet(ctx, key, spec)
+	if err == nil && !created {
+		return nil, fmt.Errorf("open session %s: %w: already open", spec.ID, ErrInvalid)
+	}
+	return s, err
+}
+
+// OpenOrGet returns the session under key, opening it with spec when there is
+// none. Concurrent callers for the same key share one container.
+func (m *Manager) OpenOrGet(ctx context.Context, key string, spec SessionSpec) (*Session, error) {
+	s, _, err := m.openOrGet(ctx, key, spec)
+	return s, err
+}
+
+func (m *Manager) openOrGet(ctx context.Context, key string, spec SessionSpec) (*Session, bool, error) {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil, false, fmt.Errorf("open session %s: sandboxd is shutting down", spec.ID)
+	}
+	if s, ok := m.sessions[key]; ok {
+		m.mu.Unlock()
+		if err := s.waitReady(ctx); err != nil {
+			return nil, false, err
+		}
+		return s, false, nil
+	}
+	if len(m.sessions) >= int(m.cfg.Server.MaxSessions) {
+		m.mu.Unlock()
+		return nil, false, fmt.Errorf("open session %s: %w: %d sessions are open (server.max_sessions)", spec.ID, ErrLimit, m.cfg.Server.MaxSessions)
+	}
+	s := newSession(m, key, spec)
+	m.sessions[key] = s
+	m.mu.Unlock()
+
+	err := s.start(ctx)
+	if err != nil {
+		m.forget(s)
+	}
+	s.markReady(err)
+	if err != nil {
+		return nil, false, err
+	}
+	return s, true, nil
+}
+
+// Get returns the open session under key, waiting for it if it is still
+// starting.
+func (m *Manager) Get(ctx context.Context, key string) (*Session, error) {
+	m.mu.Lock()
+	s, ok := m.sessions[key]
+	m.mu.Unlock()
+	if !ok {
+		return nil, ErrNotFound
+	}
+	if err := s.waitReady(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// CloseSession removes the session under key and its container.
+func (m *Manager) CloseSession(ctx context.Context, key string) error {
+	m.mu.Lock()
+	s, ok := m.sessions[key]
+	m.mu.Unlock()
+	if !ok {
+		return ErrNotFound
+	}
+	return s.Close(ctx)
+}
+
+func (m *Manager) forget(s *Session) {
+	m.mu.Lock()
+	if m.sessions[s.key] == s {
+		delete(m.sessions, s.key)
+	}
+	m.mu.Unlock()
+}
+
+// Sessions returns the number of open sessions.
+func (m *Manager) Sessions() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.sessions)
+}
+
+// Close removes every session's container and releases the instance lock.
+// It is what SIGTERM and SIGINT lead to.
+func (m *Manager) Close(ctx context.Context) error {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil
+	}
+	m.closed = true
+	sessions := make([]*Session, 0, len(m.sessions))
+	for _, s := range m.sessions {
+		sessions = append(sessions, s)
+	}
+	m.mu.Unlock()
+
+	var wg sync.WaitGroup
+	errs := make([]error, len(sessions))
+	for i, s := range sessions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := s.waitReady(ctx); err != nil {
+				return
+			}
+			errs[i] = s.Close(ctx)
+		}()
+	}
+	wg.Wait()
+	m.cancel()
+	m.wg.Wait()
+	return errors.Join(append(errs, m.instance.Close())...)
+}
+
+func (m *Manager) reapIdle(timeout time.Duration) {
+	defer m.wg.Done()
+	tick := time.NewTicker(max(timeout/4, 10*time.Millisecond))
+	defer tick.Stop()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case now := <-tick.C:
+			m.mu.Lock()
+			var idle []*Session
+			for _, s := range m.sessions {
+				if s.idleSince(now) >= timeout {
+					idle = append(idle, s)
+				}
+			}
+			m.mu.Unlock()
+			for _, s := range idle {
+				m.log.Info("closing idle session", "session", s.ID, "idle", timeout)
+				if err := s.Close(m.ctx); err != nil {
+					m.log.Warn("close idle session", "session", s.ID, "err", err)
+				}
+			}
+		}
+	}
+}
+
+// engineError turns "cannot connect" into a message that says what to do.
+func engineError(err error) error {
+	if client.IsErrConnectionFailed(err) {
+		return fmt.Errorf("%w (is the Docker Engine running? start it with `sudo systemctl start docker`, or point DOCKER_HOST at a running engine)", err)
+	}
+	return err
+}
+
+func isNotFound(err error) bool { return cerrdefs.IsNotFound(err) }

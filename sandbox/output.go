@@ -1,0 +1,117 @@
+package sandbox
+
+import (
+	"sync"
+	"unicode/utf8"
+)
+
+// OutputBuffer keeps the last Limit bytes written to it. Writes never block
+// on readers and never fail, so a command is never slowed by a slow agent,
+// and memory stays O(limit) however much is written.
+type OutputBuffer struct {
+	limit int
+
+	mu        sync.Mutex
+	buf       []byte // ring once len(buf) == limit
+	start     int    // index of the oldest byte when the ring is full
+	total     int64  // bytes ever written
+	truncated bool
+	changed   chan struct{} // closed and replaced on every write
+}
+
+// NewOutputBuffer returns a buffer that keeps at most limit bytes.
+func NewOutputBuffer(limit int) *OutputBuffer {
+	if limit < 0 {
+		limit = 0
+	}
+	return &OutputBuffer{limit: limit, changed: make(chan struct{})}
+}
+
+// Write appends p, dropping the oldest bytes beyond the limit. It always
+// reports len(p) written.
+func (b *OutputBuffer) Write(p []byte) (int, error) {
+	n := len(p)
+	if n == 0 {
+		return 0, nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.total += int64(n)
+	close(b.changed)
+	b.changed = make(chan struct{})
+	if b.limit == 0 {
+		b.truncated = true
+		return n, nil
+	}
+	if len(p) >= b.limit {
+		if b.total > int64(b.limit) {
+			b.truncated = true
+		}
+		if cap(b.buf) < b.limit {
+			b.buf = make([]byte, b.limit)
+		}
+		b.buf = b.buf[:b.limit]
+		copy(b.buf, p[len(p)-b.limit:])
+		b.start = 0
+		return n, nil
+	}
+	// Grow until the limit, so a short command never allocates the whole
+	// limit up front.
+	if room := b.limit - len(b.buf); room > 0 {
+		k := min(room, len(p))
+		b.buf = append(b.buf, p[:k]...)
+		p = p[k:]
+	}
+	if len(p) == 0 {
+		return n, nil
+	}
+	b.truncated = true
+	for len(p) > 0 {
+		k := copy(b.buf[b.start:], p)
+		p = p[k:]
+		b.start = (b.start + k) % b.limit
+	}
+	return n, nil
+}
+
+// Snapshot returns the retained output and whether anything was dropped.
+// When bytes were dropped, the head is cut forward to the next UTF-8 boundary
+// so a character is never split in half.
+func (b *OutputBuffer) Snapshot() (out []byte, truncated bool) {
+	b.mu.Lock()
+	out = make([]byte, len(b.buf))
+	k := copy(out, b.buf[b.start:])
+	copy(out[k:], b.buf[:b.start])
+	truncated = b.truncated
+	b.mu.Unlock()
+	if truncated {
+		out = cutToRuneStart(out)
+	}
+	return out, truncated
+}
+
+// Total returns the number of bytes ever written.
+func (b *OutputBuffer) Total() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.total
+}
+
+// Changed returns a channel closed at the next write, for watchers that
+// stream output live without polling.
+func (b *OutputBuffer) Changed() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.changed
+}
+
+// cutToRuneStart drops leading continuation bytes, at most utf8.UTFMax-1 of
+// them, which are what is left of a character whose head was dropped.
+func cutToRuneStart(p []byte) []byte {
+	for i := 0; i < len(p) && i < utf8.UTFMax; i++ {
+		if utf8.RuneStart(p[i]) {
+			return p[i:]
+		}
+	}
+	return p
+}

@@ -1,0 +1,119 @@
+package sandbox
+
+import (
+	"bytes"
+	"runtime"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+func TestOutputBuffer(t *testing.T) {
+	tests := []struct {
+		name      string
+		limit     int
+		writes    []string
+		want      string
+		truncated bool
+	}{
+		{"empty", 10, nil, "", false},
+		{"under the limit", 10, []string{"abc", "def"}, "abcdef", false},
+		{"exactly the limit", 6, []string{"abc", "def"}, "abcdef", false},
+		{"one byte over", 5, []string{"abc", "def"}, "bcdef", true},
+		{"many small writes wrap", 4, []string{"a", "b", "c", "d", "e", "f", "g"}, "defg", true},
+		{"one write larger than the limit", 3, []string{"abcdefgh"}, "fgh", true},
+		{"big write after small ones", 4, []string{"xy", "abcdefgh"}, "efgh", true},
+		{"write of exactly the limit after others", 3, []string{"x", "abc"}, "abc", true},
+		{"zero limit keeps nothing", 0, []string{"abc"}, "", true},
+		{"cut lands inside a 2-byte rune", 4, []string{"aé", "bcd"}, "bcd", true},
+		{"cut lands before a 2-byte rune", 5, []string{"aé", "bcd"}, "ébcd", true},
+		{"cut lands inside a 3-byte rune", 5, []string{"✓✓"}, "✓", true},
+		{"cut lands inside a 4-byte rune", 6, []string{"x😀y😀"}, "y😀", true},
+		{"cut on a boundary keeps the rune", 4, []string{"ab", "✓x"}, "✓x", true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			b := NewOutputBuffer(tc.limit)
+			for _, w := range tc.writes {
+				if n, err := b.Write([]byte(w)); n != len(w) || err != nil {
+					t.Fatalf("Write(%q) = %d, %v", w, n, err)
+				}
+			}
+			got, truncated := b.Snapshot()
+			if string(got) != tc.want || truncated != tc.truncated {
+				t.Errorf("Snapshot() = %q, %v; want %q, %v", got, truncated, tc.want, tc.truncated)
+			}
+		})
+	}
+}
+
+func TestOutputBufferTailMatchesStream(t *testing.T) {
+	const limit = 1000
+	b := NewOutputBuffer(limit)
+	var all bytes.Buffer
+	runes := []rune("héllo wörld ✓ ")
+	for i := range 5000 {
+		// Whole characters, so that the stream itself is valid UTF-8.
+		chunk := []byte(string(runes[:1+i%len(runes)]))
+		b.Write(chunk)
+		all.Write(chunk)
+	}
+	got, truncated := b.Snapshot()
+	if !truncated {
+		t.Fatal("not truncated")
+	}
+	if len(got) > limit || len(got) < limit-utf8.UTFMax+1 {
+		t.Fatalf("len = %d", len(got))
+	}
+	if !bytes.HasSuffix(all.Bytes(), got) {
+		t.Fatal("snapshot is not a tail of what was written")
+	}
+	if !utf8.Valid(got) {
+		t.Fatalf("snapshot does not start on a rune: %q", got[:8])
+	}
+	if b.Total() != int64(all.Len()) {
+		t.Fatalf("Total = %d, want %d", b.Total(), all.Len())
+	}
+}
+
+func TestOutputBufferChanged(t *testing.T) {
+	b := NewOutputBuffer(8)
+	ch := b.Changed()
+	select {
+	case <-ch:
+		t.Fatal("Changed fired before a write")
+	default:
+	}
+	b.Write([]byte("x"))
+	select {
+	case <-ch:
+	default:
+		t.Fatal("Changed did not fire on a write")
+	}
+}
+
+func TestOutputBufferMemoryIsBounded(t *testing.T) {
+	const limit = 1 << 20
+	b := NewOutputBuffer(limit)
+	chunk := []byte(strings.Repeat("x", 32<<10))
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for range (256 << 20) / len(chunk) {
+		b.Write(chunk)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	if grew := int64(after.HeapAlloc) - int64(before.HeapAlloc); grew > 2*limit {
+		t.Errorf("heap grew by %d bytes after 256 MiB through a %d limit", grew, limit)
+	}
+}
+
+func BenchmarkOutputBufferWrite(b *testing.B) {
+	buf := NewOutputBuffer(1 << 20)
+	chunk := make([]byte, 32<<10)
+	b.SetBytes(int64(len(chunk)))
+	for b.Loop() {
+		buf.Write(chunk)
+	}
+}

@@ -1,0 +1,60 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"syscall"
+)
+
+// Run runs one command in a fresh session and removes the session's
+// container afterwards. It returns the exit code to pass on: the command's
+// own, or 128+n when signal n ended it. When ctx ends (Ctrl-C), the command
+// is killed and its status returned as usual.
+func Run(ctx context.Context, m *Manager, spec SessionSpec, cmd Command) (int, error) {
+	// The session must be removed even when ctx is already cancelled.
+	cleanup := context.WithoutCancel(ctx)
+	s, err := m.Open(ctx, "run\x00"+spec.ID, spec)
+	if err != nil {
+		return 0, err
+	}
+	defer s.Close(cleanup)
+	zero := int64(0)
+	if cmd.OutputLimit == nil {
+		cmd.OutputLimit = &zero
+	}
+	t, err := s.Start(ctx, cmd)
+	if err != nil {
+		return 0, err
+	}
+	st, err := t.Wait(ctx)
+	if err != nil {
+		if kerr := t.Kill(cleanup); kerr != nil {
+			return 0, kerr
+		}
+		st, err = t.Wait(cleanup)
+		if err != nil {
+			return 0, err
+		}
+	}
+	return ExitCode(st), nil
+}
+
+// ExitCode is the shell's view of a status: the exit code, 128+n for a
+// signal, and 255 when nothing is known.
+func ExitCode(st ExitStatus) int {
+	switch {
+	case st.ExitCode != nil:
+		return *st.ExitCode
+	case st.Signal != nil:
+		for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT} {
+			if SignalName(sig) == *st.Signal {
+				return 128 + int(sig)
+			}
+		}
+		var n int
+		if _, err := fmt.Sscanf(*st.Signal, "SIG%d", &n); err == nil {
+			return 128 + n
+		}
+	}
+	return 255
+}

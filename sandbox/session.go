@@ -1,0 +1,478 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/moby/moby/api/pkg/stdcopy"
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/mount"
+	"github.com/moby/moby/client"
+
+	"github.com/sandboxd/sandboxd/limits"
+)
+
+// SessionSpec says what container a session gets. Zero fields take the
+// configuration's defaults.
+type SessionSpec struct {
+	// ID is the client's session id; it labels the container.
+	ID string
+	// Workspace is the absolute host directory bind-mounted at the same
+	// path; commands may only run at or below it (or ExtraDirs).
+	Workspace string
+	// ExtraDirs are further host directories mounted like the workspace.
+	ExtraDirs []string
+	Image     string
+	// Limits overrides the configured limits; zero fields keep them.
+	Limits  limits.Limits
+	Network string
+}
+
+// Session is one agent session's container. Its terminals run as docker
+// execs in it; closing it removes the container and everything in it.
+type Session struct {
+	ID  string
+	key string
+	m   *Manager
+
+	spec   SessionSpec // defaults filled in
+	user   string      // uid:gid
+	ready  chan struct{}
+	err    error // set before ready is closed
+	contID string
+
+	mu        sync.Mutex
+	terminals map[string]*Terminal
+	closed    bool
+	lastUsed  time.Time
+	oomSeen   int64
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+func newSession(m *Manager, key string, spec SessionSpec) *Session {
+	return &Session{
+		ID:        spec.ID,
+		key:       key,
+		m:         m,
+		spec:      spec,
+		ready:     make(chan struct{}),
+		terminals: make(map[string]*Terminal),
+		lastUsed:  time.Now(),
+	}
+}
+
+func (s *Session) markReady(err error) {
+	s.err = err
+	close(s.ready)
+}
+
+func (s *Session) waitReady(ctx context.Context) error {
+	select {
+	case <-s.ready:
+		return s.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// ContainerID returns the id of the session's container.
+func (s *Session) ContainerID() string { return s.contID }
+
+// Workspace returns the session's workspace directory.
+func (s *Session) Workspace() string { return s.spec.Workspace }
+
+// User returns the uid:gid commands run as.
+func (s *Session) User() string { return s.user }
+
+// Limits returns the resource limits the container runs with.
+func (s *Session) Limits() limits.Limits { return s.spec.Limits }
+
+// Manager returns the manager that owns the session.
+func (s *Session) Manager() *Manager { return s.m }
+
+// ValidateSpec fills in defaults from the configuration and checks a spec,
+// returning an ErrInvalid error that names the bad field.
+func ValidateSpec(cfg Config, hostCPUs int, spec SessionSpec) (SessionSpec, error) {
+	c := cfg.Session
+	if spec.Workspace == "" {
+		return spec, fmt.Errorf("%w: cwd: a workspace directory is required", ErrInvalid)
+	}
+	if err := checkString("cwd", spec.Workspace); err != nil {
+		return spec, err
+	}
+	if !filepath.IsAbs(spec.Workspace) {
+		return spec, fmt.Errorf("%w: cwd: %q is not an absolute path", ErrInvalid, spec.Workspace)
+	}
+	spec.Workspace = filepath.Clean(spec.Workspace)
+	for i, d := range spec.ExtraDirs {
+		if err := checkString("additionalDirectories", d); err != nil {
+			return spec, err
+		}
+		if !filepath.IsAbs(d) {
+			return spec, fmt.Errorf("%w: additionalDirectories: %q is not an absolute path", ErrInvalid, d)
+		}
+		spec.ExtraDirs[i] = filepath.Clean(d)
+	}
+	if spec.Image == "" {
+		spec.Image = c.Image
+	} else if spec.Image != c.Image {
+		if err := checkString("image", spec.Image); err != nil {
+			return spec, err
+		}
+	}
+	if spec.Network == "" {
+		spec.Network = c.Network
+	} else if spec.Network != c.Network && spec.Network != "none" {
+		// Only the configured network or none: a client may tighten
+		// isolation, never loosen it.
+		return spec, fmt.Errorf("%w: network: %q is not allowed; use %q or \"none\"", ErrInvalid, spec.Network, c.Network)
+	}
+	l := c.Limits()
+	if spec.Limits.CPUs != 0 {
+		l.CPUs = spec.Limits.CPUs
+	}
+	if spec.Limits.Memory != 0 {
+		l.Memory = spec.Limits.Memory
+	}
+	if spec.Limits.Pids != 0 {
+		l.Pids = spec.Limits.Pids
+	}
+	if err := l.Validate(hostCPUs); err != nil {
+		return spec, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if err := l.Within(c.MaxLimits()); err != nil {
+		return spec, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	spec.Limits = l
+	return spec, nil
+}
+
+// sessionUser picks the uid:gid commands run as: the configured user, else
+// the owner of the workspace, else (root owns it) the fallback user.
+func sessionUser(c SessionConfig, workspace string) (string, error) {
+	if c.User != "" {
+		return c.User, nil
+	}
+	fi, err := os.Stat(workspace)
+	if err != nil {
+		return "", fmt.Errorf("%w: cwd: %v", ErrInvalid, err)
+	}
+	if !fi.IsDir() {
+		return "", fmt.Errorf("%w: cwd: %q is not a directory", ErrInvalid, workspace)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok || st.Uid == 0 {
+		return c.FallbackUser, nil
+	}
+	return fmt.Sprintf("%d:%d", st.Uid, st.Gid), nil
+}
+
+func (s *Session) start(ctx context.Context) error {
+	m := s.m
+	spec, err := ValidateSpec(m.cfg, m.hostCPUs, s.spec)
+	if err != nil {
+		return fmt.Errorf("open session %s: %w", s.ID, err)
+	}
+	s.spec = spec
+	user, err := sessionUser(m.cfg.Session, spec.Workspace)
+	if err != nil {
+		return fmt.Errorf("open session %s: %w", s.ID, err)
+	}
+	for _, d := range spec.ExtraDirs {
+		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
+			return fmt.Errorf("open session %s: %w: additionalDirectories: %q is not a directory", s.ID, ErrInvalid, d)
+		}
+	}
+	s.user = user
+	cfg, hostCfg := containerConfig(m.cfg.Session, spec, user, m.instance.Labels(s.ID))
+	name := "sandboxd-" + m.instance.ID + "-" + containerSafe(s.ID)
+	suffix, err := randomID(3)
+	if err != nil {
+		return err
+	}
+	created, err := m.cli.ContainerCreate(ctx, client.ContainerCreateOptions{
+		Config:     cfg,
+		HostConfig: hostCfg,
+		Name:       name + "-" + suffix,
+	})
+	if err != nil {
+		if isNotFound(err) {
+			return fmt.Errorf("open session %s: image %s is missing: build it with `sandboxd image build` (or load it with `docker load`): %w", s.ID, spec.Image, err)
+		}
+		return fmt.Errorf("open session %s: create container: %w", s.ID, engineError(err))
+	}
+	s.contID = created.ID
+	if _, err := m.cli.ContainerStart(ctx, created.ID, client.ContainerStartOptions{}); err != nil {
+		s.removeContainer()
+		return fmt.Errorf("open session %s: start container: %w", s.ID, engineError(err))
+	}
+	m.log.Info("session opened", "session", s.ID, "container", created.ID[:12], "workspace", spec.Workspace, "user", user,
+		"cpus", spec.Limits.CPUs, "memory", limits.FormatBytes(spec.Limits.Memory), "pids", spec.Limits.Pids)
+	return nil
+}
+
+// containerConfig is the hardened container of DESIGN.md: no network, no
+// capabilities, no privilege gain, read-only root, init, limits, a non-root
+// user, and no host path but the workspace and what the config grants.
+func containerConfig(c SessionConfig, spec SessionSpec, user string, labels map[string]string) (*container.Config, *container.HostConfig) {
+	cfg := &container.Config{
+		Image:      spec.Image,
+		Cmd:        []string{"sleep", "infinity"},
+		User:       user,
+		WorkingDir: spec.Workspace,
+		Env:        []string{"HOME=/tmp", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+		Labels:     labels,
+		Hostname:   "sandbox",
+	}
+	tmpfs := make(map[string]string, len(c.Scratch))
+	for _, p := range c.Scratch {
+		tmpfs[p] = fmt.Sprintf("rw,nosuid,nodev,size=%d,mode=1777", int64(c.ScratchSize))
+	}
+	mode := func(m string) bool { return m == "ro" }
+	mounts := []mount.Mount{{Type: mount.TypeBind, Source: spec.Workspace, Target: spec.Workspace, ReadOnly: mode(c.WorkspaceMode)}}
+	for _, d := range spec.ExtraDirs {
+		mounts = append(mounts, mount.Mount{Type: mount.TypeBind, Source: d, Target: d, ReadOnly: mode(c.WorkspaceMode)})
+	}
+	for _, mt := range c.Mounts {
+		mounts = append(mounts, mount.Mount{Type: mount.TypeBind, Source: mt.Source, Target: mt.Target, ReadOnly: mode(mt.Mode)})
+	}
+	var secOpt []string
+	if c.NoNewPrivileges {
+		secOpt = append(secOpt, "no-new-privileges")
+	}
+	init := c.Init
+	host := &container.HostConfig{
+		NetworkMode:    container.NetworkMode(spec.Network),
+		CapDrop:        c.CapDrop,
+		SecurityOpt:    secOpt,
+		ReadonlyRootfs: c.ReadonlyRootfs,
+		Tmpfs:          tmpfs,
+		Init:           &init,
+		Mounts:         mounts,
+		Resources:      spec.Limits.Engine(),
+		IpcMode:        "private",
+	}
+	return cfg, host
+}
+
+// containerSafe keeps the characters Docker allows in names.
+func containerSafe(id string) string {
+	var b strings.Builder
+	for _, r := range id {
+		if b.Len() >= 32 {
+			break
+		}
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-' || r == '.' {
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+func (s *Session) touch() {
+	s.mu.Lock()
+	s.lastUsed = time.Now()
+	s.mu.Unlock()
+}
+
+// idleSince reports how long the session has had no call and no running
+// command.
+func (s *Session) idleSince(now time.Time) time.Duration {
+	select {
+	case <-s.ready:
+	default:
+		return 0
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return 0
+	}
+	for _, t := range s.terminals {
+		if !t.Exited() {
+			return 0
+		}
+	}
+	return now.Sub(s.lastUsed)
+}
+
+// Terminal returns the terminal with the given id.
+func (s *Session) Terminal(id string) (*Terminal, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lastUsed = time.Now()
+	t, ok := s.terminals[id]
+	if !ok || s.closed {
+		return nil, fmt.Errorf("terminal %s: %w", id, ErrNotFound)
+	}
+	return t, nil
+}
+
+// Release kills the terminal if it still runs and forgets it; its id is
+// unknown afterwards.
+func (s *Session) Release(ctx context.Context, id string) error {
+	t, err := s.Terminal(id)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if s.terminals[id] != t {
+		s.mu.Unlock()
+		return fmt.Errorf("terminal %s: %w", id, ErrNotFound)
+	}
+	delete(s.terminals, id)
+	s.mu.Unlock()
+	err = t.Kill(ctx)
+	t.close()
+	if err != nil {
+		return fmt.Errorf("release terminal %s: %w", id, err)
+	}
+	return nil
+}
+
+// Close kills every terminal and removes the container.
+func (s *Session) Close(ctx context.Context) error {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		s.closed = true
+		terms := make([]*Terminal, 0, len(s.terminals))
+		for _, t := range s.terminals {
+			terms = append(terms, t)
+		}
+		s.terminals = map[string]*Terminal{}
+		s.mu.Unlock()
+		// Removing the container kills every process in it at once; no
+		// per-terminal kill is needed.
+		s.closeErr = s.removeContainer()
+		for _, t := range terms {
+			t.close()
+		}
+		s.m.forget(s)
+		s.m.log.Info("session closed", "session", s.ID)
+	})
+	return s.closeErr
+}
+
+func (s *Session) removeContainer() error {
+	if s.contID == "" {
+		return nil
+	}
+	// A caller's cancelled context must not leave the container behind.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.m.ctx), 30*time.Second)
+	defer cancel()
+	_, err := s.m.cli.ContainerRemove(ctx, s.contID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
+	if err != nil && !isNotFound(err) {
+		return fmt.Errorf("close session %s: remove container %.12s: %w", s.ID, s.contID, err)
+	}
+	return nil
+}
+
+// oomKillsRose reads the container's OOM-kill counter and reports whether it
+// rose since the last read. It costs an exec, so it is only asked when a
+// command died of SIGKILL that sandboxd did not send.
+func (s *Session) oomKillsRose(ctx context.Context) bool {
+	out, err := s.execOutput(ctx, []string{"cat", "/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events"})
+	if len(out) == 0 && err != nil {
+		s.m.log.Warn("read oom counter", "session", s.ID, "err", err)
+		return false
+	}
+	n := parseOOMKills(out)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rose := n > s.oomSeen
+	s.oomSeen = max(s.oomSeen, n)
+	return rose
+}
+
+// lendPids raises the container's pids limit by n until restore is called.
+func (s *Session) lendPids(ctx context.Context, n int64) (restore func(), err error) {
+	// Zero fields of an update mean "unchanged", so only pids is touched.
+	orig, pids := s.spec.Limits.Pids, s.spec.Limits.Pids+n
+	base := container.Resources{PidsLimit: &orig}
+	lent := container.Resources{PidsLimit: &pids}
+	cli := s.m.cli
+	if _, err := cli.ContainerUpdate(ctx, s.contID, client.ContainerUpdateOptions{Resources: &lent}); err != nil {
+		return nil, fmt.Errorf("raise pids limit of session %s: %w", s.ID, err)
+	}
+	return func() {
+		if _, err := cli.ContainerUpdate(ctx, s.contID, client.ContainerUpdateOptions{Resources: &base}); err != nil {
+			s.m.log.Warn("restore pids limit", "session", s.ID, "err", err)
+		}
+	}, nil
+}
+
+// parseOOMKills finds the oom_kill counter in cgroup v1 memory.oom_control
+// or cgroup v2 memory.events text.
+func parseOOMKills(text []byte) int64 {
+	for line := range strings.SplitSeq(string(text), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 2 && f[0] == "oom_kill" {
+			n, _ := strconv.ParseInt(f[1], 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// execOutput runs a helper command in the container as the session's user
+// and returns its output. The user matters: with no capabilities, only a
+// process of the same uid may signal the command's processes.
+func (s *Session) execOutput(ctx context.Context, cmd []string) ([]byte, error) {
+	cli := s.m.cli
+	ex, err := cli.ExecCreate(ctx, s.contID, client.ExecCreateOptions{
+		User: s.user, Cmd: cmd, AttachStdout: true, AttachStderr: true,
+	})
+	if err != nil {
+		return nil, err
+	}
+	att, err := cli.ExecAttach(ctx, ex.ID, client.ExecAttachOptions{})
+	if err != nil {
+		return nil, err
+	}
+	defer att.Close()
+	var out bytes.Buffer
+	if _, err := stdcopy.StdCopy(&out, io.Discard, att.Reader); err != nil {
+		return out.Bytes(), err
+	}
+	code, err := waitExec(ctx, cli, ex.ID)
+	if err != nil {
+		return out.Bytes(), err
+	}
+	if code != 0 {
+		return out.Bytes(), fmt.Errorf("%s exited with %d", cmd[0], code)
+	}
+	return out.Bytes(), nil
+}
+
+// waitExec polls until the exec is no longer running and returns its exit
+// code. The stream's EOF comes first; the engine records the exit a moment
+// later, and ExitCode reads 0 until then, so Running must be checked.
+func waitExec(ctx context.Context, cli *client.Client, execID string) (int, error) {
+	delay := 500 * time.Microsecond
+	for {
+		r, err := cli.ExecInspect(ctx, execID, client.ExecInspectOptions{})
+		if err != nil {
+			return 0, err
+		}
+		if !r.Running {
+			return r.ExitCode, nil
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 50*time.Millisecond)
+	}
+}

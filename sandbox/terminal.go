@@ -1,0 +1,496 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/moby/moby/api/pkg/stdcopy"
+	"github.com/moby/moby/client"
+)
+
+// MarkerEnv is set in every command's environment to the terminal id. Every
+// process the command starts inherits it, including ones that leave its
+// process group or session, which is how a kill finds them all without host
+// pids, so it works with a remote engine too.
+const MarkerEnv = "SANDBOXD_TERMINAL"
+
+// EnvVar is one environment variable for a command.
+type EnvVar struct {
+	Name  string
+	Value string
+}
+
+// Command is what a terminal runs.
+type Command struct {
+	// Command is run with Args as given. With no Args and shell syntax in
+	// Command (spaces, quotes, pipes, ...), it runs as `/bin/sh -c Command`,
+	// which is what agents that send a whole command line expect.
+	Command string
+	Args    []string
+	Env     []EnvVar
+	// Cwd is an absolute path at or below the workspace; empty means the
+	// workspace.
+	Cwd string
+	// OutputLimit is the byte limit of the output buffer; 0 means the
+	// configured default.
+	OutputLimit *int64
+	// TTY runs the command on a pseudo-terminal (AHP terminals).
+	TTY bool
+	// Cols and Rows size the TTY.
+	Cols, Rows uint
+	// Stdout and Stderr, when set, also get the output live, each stream
+	// to its own writer (sandboxd run). Their errors never stop the command.
+	Stdout, Stderr io.Writer
+}
+
+// ExitStatus is how a command ended: ExitCode for a normal exit, Signal
+// (e.g. "SIGKILL") when sandboxd sent the signal or the memory cgroup's OOM
+// killer did. Both are nil when the engine could not tell.
+type ExitStatus struct {
+	ExitCode *int
+	Signal   *string
+}
+
+// Terminal is one command running as a docker exec in a session.
+type Terminal struct {
+	ID      string
+	session *Session
+	execID  string
+	cmd     Command
+	out     *OutputBuffer
+	conn    client.HijackedResponse
+
+	done   chan struct{} // closed once status is set
+	status ExitStatus
+
+	mu     sync.Mutex
+	signal syscall.Signal // last signal sandboxd sent, 0 if none
+	kill   chan struct{}  // closed when a kill has finished
+}
+
+const shellChars = " \t\n|&;<>()$`\\\"'*?[]#~=%{}!"
+
+// Argv returns the argument vector the command runs with.
+func (c Command) Argv() []string {
+	if len(c.Args) == 0 && strings.ContainsAny(c.Command, shellChars) {
+		return []string{"/bin/sh", "-c", c.Command}
+	}
+	return append([]string{c.Command}, c.Args...)
+}
+
+// MaxArgLen is the longest single argument or environment string Linux
+// execve takes (MAX_ARG_STRLEN).
+const MaxArgLen = 128 << 10
+
+// checkString rejects what cannot cross execve: NUL bytes and strings
+// longer than MaxArgLen.
+func checkString(field, v string) error {
+	if strings.IndexByte(v, 0) >= 0 {
+		return fmt.Errorf("%w: %s: contains a NUL byte", ErrInvalid, field)
+	}
+	if len(v) >= MaxArgLen {
+		return fmt.Errorf("%w: %s: %d bytes is longer than the %d an argument may have", ErrInvalid, field, len(v), MaxArgLen-1)
+	}
+	return nil
+}
+
+// validate checks a command against the session and configuration and
+// returns the cwd and output limit it will run with.
+func (s *Session) validate(c Command) (cwd string, limit int, err error) {
+	if c.Command == "" {
+		return "", 0, fmt.Errorf("%w: command: must not be empty", ErrInvalid)
+	}
+	if err := checkString("command", c.Command); err != nil {
+		return "", 0, err
+	}
+	for i, a := range c.Args {
+		if err := checkString(fmt.Sprintf("args[%d]", i), a); err != nil {
+			return "", 0, err
+		}
+	}
+	for i, e := range c.Env {
+		field := fmt.Sprintf("env[%d].name", i)
+		switch {
+		case e.Name == "":
+			return "", 0, fmt.Errorf("%w: %s: must not be empty", ErrInvalid, field)
+		case strings.ContainsAny(e.Name, "=\x00"):
+			return "", 0, fmt.Errorf("%w: %s: %q must not contain '=' or NUL", ErrInvalid, field, e.Name)
+		case e.Name == MarkerEnv:
+			return "", 0, fmt.Errorf("%w: %s: %s is reserved by sandboxd", ErrInvalid, field, MarkerEnv)
+		}
+		if err := checkString(fmt.Sprintf("env[%d].value", i), e.Name+"="+e.Value); err != nil {
+			return "", 0, err
+		}
+	}
+	cwd = s.spec.Workspace
+	if c.Cwd != "" {
+		if err := checkString("cwd", c.Cwd); err != nil {
+			return "", 0, err
+		}
+		if !strings.HasPrefix(c.Cwd, "/") {
+			return "", 0, fmt.Errorf("%w: cwd: %q is not an absolute path", ErrInvalid, c.Cwd)
+		}
+		cwd = filepath.Clean(c.Cwd)
+		if !s.inMounts(cwd) {
+			return "", 0, fmt.Errorf("%w: cwd: %q is outside the session's workspace %s", ErrInvalid, c.Cwd, s.spec.Workspace)
+		}
+	}
+	tc := s.m.cfg.Terminal
+	limit = int(tc.OutputByteLimit)
+	if c.OutputLimit != nil {
+		switch {
+		case *c.OutputLimit < 0:
+			return "", 0, fmt.Errorf("%w: outputByteLimit: %d is negative", ErrInvalid, *c.OutputLimit)
+		case *c.OutputLimit > int64(tc.MaxOutputByteLimit):
+			return "", 0, fmt.Errorf("%w: outputByteLimit: %d is above the maximum %d (terminal.max_output_byte_limit)", ErrInvalid, *c.OutputLimit, int64(tc.MaxOutputByteLimit))
+		}
+		limit = int(*c.OutputLimit)
+	}
+	return cwd, limit, nil
+}
+
+func (s *Session) inMounts(p string) bool {
+	for _, root := range append([]string{s.spec.Workspace}, s.spec.ExtraDirs...) {
+		if Within(root, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// Within reports whether the clean absolute path p is root or below it.
+func Within(root, p string) bool {
+	return p == root || strings.HasPrefix(p, strings.TrimSuffix(root, "/")+"/")
+}
+
+// Start runs a command in the session's container. It returns once the
+// engine has started the process; output and exit are collected in the
+// background.
+func (s *Session) Start(ctx context.Context, c Command) (*Terminal, error) {
+	cwd, limit, err := s.validate(c)
+	if err != nil {
+		return nil, err
+	}
+	id, err := randomID(8)
+	if err != nil {
+		return nil, err
+	}
+	id = "term_" + id
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("session %s: %w", s.ID, ErrNotFound)
+	}
+	if max := int(s.m.cfg.Terminal.MaxTerminals); len(s.terminals) >= max {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("session %s: %w: %d terminals are open (terminal.max_terminals); release some", s.ID, ErrLimit, max)
+	}
+	t := &Terminal{ID: id, session: s, cmd: c, out: NewOutputBuffer(limit), done: make(chan struct{})}
+	// Reserve the slot so concurrent creates respect the maximum.
+	s.terminals[id] = t
+	s.lastUsed = time.Now()
+	s.mu.Unlock()
+
+	if err := t.start(ctx, cwd); err != nil {
+		s.mu.Lock()
+		delete(s.terminals, id)
+		s.mu.Unlock()
+		return nil, err
+	}
+	return t, nil
+}
+
+func (t *Terminal) start(ctx context.Context, cwd string) error {
+	s := t.session
+	cli := s.m.cli
+	env := make([]string, 0, len(t.cmd.Env)+1)
+	for _, e := range t.cmd.Env {
+		env = append(env, e.Name+"="+e.Value)
+	}
+	env = append(env, MarkerEnv+"="+t.ID)
+	size := client.ConsoleSize{Height: t.cmd.Rows, Width: t.cmd.Cols}
+	ex, err := cli.ExecCreate(ctx, s.contID, client.ExecCreateOptions{
+		User:         s.user,
+		TTY:          t.cmd.TTY,
+		ConsoleSize:  size,
+		AttachStdin:  t.cmd.TTY,
+		AttachStdout: true,
+		AttachStderr: true,
+		Env:          env,
+		WorkingDir:   cwd,
+		Cmd:          t.cmd.Argv(),
+	})
+	if err != nil {
+		if isNotFound(err) {
+			return fmt.Errorf("create terminal in session %s: the session's container is gone: %w", s.ID, err)
+		}
+		return fmt.Errorf("create terminal in session %s: %w", s.ID, engineError(err))
+	}
+	t.execID = ex.ID
+	att, err := cli.ExecAttach(ctx, ex.ID, client.ExecAttachOptions{TTY: t.cmd.TTY, ConsoleSize: size})
+	if err != nil {
+		return fmt.Errorf("start terminal %s: %w", t.ID, engineError(err))
+	}
+	t.conn = att.HijackedResponse
+	if t.cmd.TTY && t.cmd.Cols > 0 && t.cmd.Rows > 0 {
+		// API 1.41 ignores ConsoleSize, so size the PTY explicitly.
+		if err := t.Resize(ctx, t.cmd.Cols, t.cmd.Rows); err != nil {
+			s.m.log.Debug("initial resize", "terminal", t.ID, "err", err)
+		}
+	}
+	go t.collect()
+	return nil
+}
+
+// collect drains the output until EOF, then records the exit status. It
+// must drain continuously: a command whose output is not read blocks.
+func (t *Terminal) collect() {
+	var err error
+	if t.cmd.TTY {
+		_, err = io.Copy(tee(t.out, t.cmd.Stdout), t.conn.Reader)
+	} else {
+		// One buffer for both streams keeps their arrival order.
+		_, err = stdcopy.StdCopy(tee(t.out, t.cmd.Stdout), tee(t.out, t.cmd.Stderr), t.conn.Reader)
+	}
+	s := t.session
+	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrClosedPipe) {
+		s.m.log.Debug("terminal stream", "terminal", t.ID, "err", err)
+	}
+	code, err := waitExec(s.m.ctx, s.m.cli, t.execID)
+	if err != nil {
+		s.m.log.Warn("terminal exit status unknown", "terminal", t.ID, "err", err)
+		t.finish(ExitStatus{})
+		return
+	}
+	t.finish(t.exitStatus(code))
+}
+
+// tee writes to the buffer and, best effort, to w.
+func tee(b *OutputBuffer, w io.Writer) io.Writer {
+	if w == nil {
+		return b
+	}
+	return teeWriter{b, w}
+}
+
+type teeWriter struct {
+	b *OutputBuffer
+	w io.Writer
+}
+
+func (t teeWriter) Write(p []byte) (int, error) {
+	t.w.Write(p)
+	return t.b.Write(p)
+}
+
+// exitStatus turns the exec's exit code into a status. Exit code 128+n looks
+// the same whether signal n killed the process or it ran `exit 128+n`, so a
+// signal is only reported when sandboxd sent it or the OOM killer did.
+func (t *Terminal) exitStatus(code int) ExitStatus {
+	t.mu.Lock()
+	sent := t.signal
+	t.mu.Unlock()
+	var sig syscall.Signal
+	switch {
+	case sent != 0 && (code == 128+int(sent) || code == 128+int(syscall.SIGKILL)):
+		sig = syscall.Signal(code - 128)
+	case code == 128+int(syscall.SIGKILL) && t.session.oomKillsRose(t.session.m.ctx):
+		sig = syscall.SIGKILL
+	}
+	if sig != 0 {
+		name := SignalName(sig)
+		return ExitStatus{Signal: &name}
+	}
+	return ExitStatus{ExitCode: &code}
+}
+
+// SignalName returns the conventional name of a signal, e.g. "SIGKILL".
+func SignalName(sig syscall.Signal) string {
+	switch sig {
+	case syscall.SIGKILL:
+		return "SIGKILL"
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	case syscall.SIGINT:
+		return "SIGINT"
+	case syscall.SIGHUP:
+		return "SIGHUP"
+	case syscall.SIGQUIT:
+		return "SIGQUIT"
+	}
+	return fmt.Sprintf("SIG%d", int(sig))
+}
+
+func (t *Terminal) finish(st ExitStatus) {
+	t.status = st
+	close(t.done)
+}
+
+// Done is closed when the command has exited and its output is complete.
+func (t *Terminal) Done() <-chan struct{} { return t.done }
+
+// Exited reports whether the command has exited.
+func (t *Terminal) Exited() bool {
+	select {
+	case <-t.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Output returns the retained output, whether any was dropped, and the exit
+// status once the command has exited. It never waits.
+func (t *Terminal) Output() (out []byte, truncated bool, status *ExitStatus) {
+	// Read the status before the output: once done is closed the output is
+	// final, so a status never comes with output that is still growing.
+	if t.Exited() {
+		st := t.status
+		status = &st
+	}
+	out, truncated = t.out.Snapshot()
+	return out, truncated, status
+}
+
+// Buffer returns the terminal's output buffer, for watchers.
+func (t *Terminal) Buffer() *OutputBuffer { return t.out }
+
+// Command returns what the terminal runs.
+func (t *Terminal) Command() Command { return t.cmd }
+
+// Wait blocks until the command exits or ctx ends.
+func (t *Terminal) Wait(ctx context.Context) (ExitStatus, error) {
+	select {
+	case <-t.done:
+		return t.status, nil
+	case <-ctx.Done():
+		return ExitStatus{}, ctx.Err()
+	}
+}
+
+// Kill stops the command and every process it started: SIGTERM, then after
+// the grace period SIGKILL. It returns once the command has exited. Killing
+// a command that has exited does nothing.
+func (t *Terminal) Kill(ctx context.Context) error {
+	if t.Exited() {
+		return nil
+	}
+	t.mu.Lock()
+	if t.kill != nil {
+		ch := t.kill
+		t.mu.Unlock()
+		select {
+		case <-ch:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	t.kill = make(chan struct{})
+	t.mu.Unlock()
+	defer close(t.kill)
+
+	// The kill must finish even if the caller gives up: a half-killed
+	// command is worse than a slow reply.
+	kctx := context.WithoutCancel(ctx)
+	grace := time.Duration(t.session.m.cfg.Terminal.KillGrace)
+	if grace > 0 {
+		if err := t.signalAll(kctx, syscall.SIGTERM); err != nil {
+			return fmt.Errorf("kill terminal %s: %w", t.ID, err)
+		}
+		select {
+		case <-t.done:
+			return nil
+		case <-time.After(grace):
+		}
+	}
+	if err := t.signalAll(kctx, syscall.SIGKILL); err != nil {
+		return fmt.Errorf("kill terminal %s: %w", t.ID, err)
+	}
+	select {
+	case <-t.done:
+	case <-time.After(10 * time.Second):
+		return fmt.Errorf("kill terminal %s: still running after SIGKILL", t.ID)
+	}
+	return nil
+}
+
+// killScript signals every process whose environment carries the terminal's
+// marker. For SIGKILL it repeats until none is left, so that children forked
+// while it ran are caught too. Zombies have an empty environ and drop out.
+const killScript = `sig=$1; m=$2; n=0
+while :; do
+  pids=$(grep -lsF "$m" /proc/[0-9]*/environ | cut -d/ -f3)
+  [ -n "$pids" ] || exit 0
+  kill -s "$sig" $pids 2>/dev/null
+  [ "$sig" = KILL ] || exit 0
+  n=$((n+1)); [ $n -lt 100 ] || exit 1
+done`
+
+func (t *Terminal) signalAll(ctx context.Context, sig syscall.Signal) error {
+	t.mu.Lock()
+	t.signal = sig
+	t.mu.Unlock()
+	name := strings.TrimPrefix(SignalName(sig), "SIG")
+	// The marker with its NUL terminator would be exact, but grep cannot
+	// take NUL; ids have a fixed length, so no id is a prefix of another.
+	argv := []string{"/bin/sh", "-c", killScript, "sh", name, MarkerEnv + "=" + t.ID}
+	_, err := t.session.execOutput(ctx, argv)
+	if err == nil || t.Exited() {
+		return nil
+	}
+	// A command that used up the pids limit (a fork bomb) leaves no pid
+	// for the kill itself: lend the container a few pids for the kill,
+	// then take them back.
+	s := t.session
+	s.m.log.Debug("kill exec failed; retrying with pids headroom", "terminal", t.ID, "err", err)
+	restore, uerr := s.lendPids(ctx, killHeadroom)
+	if uerr != nil {
+		return errors.Join(err, uerr)
+	}
+	defer restore()
+	_, err = s.execOutput(ctx, argv)
+	if err != nil && t.Exited() {
+		return nil
+	}
+	return err
+}
+
+// killHeadroom is how many pids a kill borrows: the shell, a subshell, grep
+// and cut, with room to spare.
+const killHeadroom = 16
+
+// Resize changes the size of a TTY terminal.
+func (t *Terminal) Resize(ctx context.Context, cols, rows uint) error {
+	_, err := t.session.m.cli.ExecResize(ctx, t.execID, client.ExecResizeOptions{Width: cols, Height: rows})
+	if err != nil {
+		return fmt.Errorf("resize terminal %s: %w", t.ID, err)
+	}
+	return nil
+}
+
+// Input writes to a TTY terminal's input.
+func (t *Terminal) Input(p []byte) error {
+	if !t.cmd.TTY {
+		return fmt.Errorf("input to terminal %s: %w: not a TTY", t.ID, ErrInvalid)
+	}
+	if _, err := t.conn.Conn.Write(p); err != nil {
+		return fmt.Errorf("input to terminal %s: %w", t.ID, err)
+	}
+	return nil
+}
+
+// close frees the terminal's connection. The output stays readable to
+// whoever still holds the terminal.
+func (t *Terminal) close() {
+	if t.conn.Conn != nil {
+		t.conn.Close()
+	}
+}
