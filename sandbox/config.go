@@ -25,22 +25,22 @@ type Config struct {
 
 // SessionConfig describes the container every session gets.
 type SessionConfig struct {
-	Image           string   `toml:"image"`
-	CPUs            CPUs     `toml:"cpus"`
-	Memory          ByteSize `toml:"memory"`
-	Pids            Pids     `toml:"pids"`
-	Network         string   `toml:"network"`
-	User            string   `toml:"user"`
-	FallbackUser    string   `toml:"fallback_user"`
-	Workspace       string   `toml:"workspace"`
-	WorkspaceMode   string   `toml:"workspace_mode"`
-	ReadonlyRootfs  bool     `toml:"readonly_rootfs"`
-	Scratch         []string `toml:"scratch"`
-	ScratchSize     ByteSize `toml:"scratch_size"`
-	CapDrop         []string `toml:"cap_drop"`
-	NoNewPrivileges bool     `toml:"no_new_privileges"`
-	Init            bool     `toml:"init"`
-	Mounts          []Mount  `toml:"mounts"`
+	Image           string    `toml:"image"`
+	CPUs            CPUs      `toml:"cpus"`
+	Memory          ByteSize  `toml:"memory"`
+	Pids            Pids      `toml:"pids"`
+	Network         string    `toml:"network"`
+	User            string    `toml:"user"`
+	FallbackUser    string    `toml:"fallback_user"`
+	Workspace       string    `toml:"workspace"`
+	WorkspaceMode   string    `toml:"workspace_mode"`
+	ReadonlyRootfs  bool      `toml:"readonly_rootfs"`
+	Scratch         []string  `toml:"scratch"`
+	ScratchSize     ByteSize  `toml:"scratch_size"`
+	CapDrop         []string  `toml:"cap_drop"`
+	NoNewPrivileges bool      `toml:"no_new_privileges"`
+	Init            bool      `toml:"init"`
+	Mounts          []Mount   `toml:"mounts"`
 	Max             MaxLimits `toml:"max"`
 }
 

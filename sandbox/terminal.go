@@ -423,11 +423,13 @@ func (t *Terminal) Kill(ctx context.Context) error {
 }
 
 // killScript signals every process whose environment carries the terminal's
-// marker. For SIGKILL it repeats until none is left, so that children forked
+// marker. The marker is a plain regular expression (letters, digits, '_'
+// and '='): busybox grep -F stops at the first NUL of environ, its regex
+// matcher does not. For SIGKILL it repeats until none is left, so that children forked
 // while it ran are caught too. Zombies have an empty environ and drop out.
 const killScript = `sig=$1; m=$2; n=0
 while :; do
-  pids=$(grep -lsF "$m" /proc/[0-9]*/environ | cut -d/ -f3)
+  pids=$(grep -ls "$m" /proc/[0-9]*/environ | cut -d/ -f3)
   [ -n "$pids" ] || exit 0
   kill -s "$sig" $pids 2>/dev/null
   [ "$sig" = KILL ] || exit 0

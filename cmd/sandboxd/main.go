@@ -310,4 +310,3 @@ func cmdGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stdout, "%d container(s) removed\n", len(removed))
 	return err
 }
-

@@ -1,0 +1,171 @@
+package acp
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sourcegraph/jsonrpc2"
+)
+
+// echoHandler answers "echo" with its params and "block" when cancelled.
+type echoHandler struct{}
+
+func (echoHandler) Handle(ctx context.Context, method string, params json.RawMessage) (any, error) {
+	switch method {
+	case "echo":
+		return params, nil
+	case "block":
+		<-ctx.Done()
+		return nil, &jsonrpc2.Error{Code: CodeCancelled, Message: "request cancelled"}
+	}
+	return nil, &jsonrpc2.Error{Code: CodeMethodNotFound, Message: "method not found: " + method}
+}
+
+type pipeConn struct {
+	io.Reader
+	io.Writer
+}
+
+func (pipeConn) Close() error { return nil }
+
+// serveLines runs the dispatcher over pipes and returns a way to send lines
+// and read reply lines.
+func serveLines(t *testing.T) (send func(string), recv func() map[string]any) {
+	t.Helper()
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	conn := jsonrpc2.NewConn(context.Background(), NewLineStream(pipeConn{inR, outW}, log), NewDispatcher(echoHandler{}, log))
+	t.Cleanup(func() {
+		inW.Close()
+		conn.Close()
+	})
+	r := bufio.NewReader(outR)
+	send = func(line string) {
+		if _, err := io.WriteString(inW, line+"\n"); err != nil {
+			t.Fatalf("send: %v", err)
+		}
+	}
+	recv = func() map[string]any {
+		ch := make(chan []byte, 1)
+		go func() {
+			b, _ := r.ReadBytes('\n')
+			ch <- b
+		}()
+		select {
+		case b := <-ch:
+			var m map[string]any
+			if err := json.Unmarshal(b, &m); err != nil {
+				t.Fatalf("reply %q: %v", b, err)
+			}
+			if bytes.Count(b, []byte("\n")) != 1 {
+				t.Fatalf("reply is not one line: %q", b)
+			}
+			return m
+		case <-time.After(10 * time.Second):
+			t.Fatal("no reply")
+		}
+		return nil
+	}
+	return send, recv
+}
+
+func errCode(m map[string]any) float64 {
+	e, ok := m["error"].(map[string]any)
+	if !ok {
+		return 0
+	}
+	return e["code"].(float64)
+}
+
+func TestLineStreamSurvivesBadLines(t *testing.T) {
+	send, recv := serveLines(t)
+	tests := []struct {
+		name string
+		line string
+		code float64
+	}{
+		{"truncated JSON", `{"jsonrpc":"2.0","id":1,"method":`, CodeParseError},
+		{"not JSON", `hello`, CodeParseError},
+		{"JSON but not a message", `{"jsonrpc":"2.0","id":5}`, CodeInvalidRequest},
+		{"unknown method", `{"jsonrpc":"2.0","id":6,"method":"nope","params":{}}`, CodeMethodNotFound},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			send(tc.line)
+			if got := errCode(recv()); got != tc.code {
+				t.Errorf("code = %v, want %v", got, tc.code)
+			}
+		})
+	}
+	// Blank lines are skipped and the connection still answers.
+	send("")
+	send(`{"jsonrpc":"2.0","id":7,"method":"echo","params":{"a":"line\nbreak"}}`)
+	rep := recv()
+	if rep["id"].(float64) != 7 || rep["result"].(map[string]any)["a"] != "line\nbreak" {
+		t.Errorf("echo after bad lines = %v", rep)
+	}
+}
+
+func TestLineStreamTooLong(t *testing.T) {
+	var out bytes.Buffer
+	in := strings.Repeat("x", MaxMessageSize+10) + "\n" + `{"jsonrpc":"2.0","id":1,"method":"echo"}` + "\n"
+	s := NewLineStream(pipeConn{strings.NewReader(in), &out}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	var req jsonrpc2.Request
+	if err := s.ReadObject(&req); err != nil {
+		t.Fatalf("ReadObject: %v", err)
+	}
+	if req.Method != "echo" {
+		t.Errorf("method = %q", req.Method)
+	}
+	if !strings.Contains(out.String(), `"code":-32600`) {
+		t.Errorf("no error reply for the long line: %q", out.String())
+	}
+}
+
+func TestCancelRequest(t *testing.T) {
+	send, recv := serveLines(t)
+	send(`{"jsonrpc":"2.0","id":"w1","method":"block","params":{}}`)
+	send(`{"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":"w1"}}`)
+	rep := recv()
+	if rep["id"] != "w1" || errCode(rep) != CodeCancelled {
+		t.Errorf("reply = %v, want -32800 for w1", rep)
+	}
+	// Cancelling an unknown or finished request is harmless.
+	send(`{"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":"w1"}}`)
+	send(`{"jsonrpc":"2.0","method":"$/cancel_request","params":"junk"}`)
+	send(`{"jsonrpc":"2.0","id":2,"method":"echo","params":{}}`)
+	if rep := recv(); rep["id"].(float64) != 2 {
+		t.Errorf("reply = %v", rep)
+	}
+}
+
+func TestParamsNameTheField(t *testing.T) {
+	tests := []struct {
+		params string
+		want   string
+	}{
+		{`null`, "params"},
+		{`[1]`, "params"},
+		{`{"sessionId":1}`, "sessionId: must be a string"},
+		{`{}`, "sessionId: required"},
+		{`{"sessionId":"a\u0000b"}`, "sessionId: contains a NUL byte"},
+	}
+	for _, tc := range tests {
+		f, err := decodeFields(json.RawMessage(tc.params), "")
+		if err == nil {
+			var s string
+			err = get(f, "sessionId", true, &s)
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err = %v, want %q", tc.params, err, tc.want)
+		}
+	}
+}
