@@ -120,7 +120,7 @@ func TestBadConfigNamesFileLineAndKey(t *testing.T) {
 		{"unknown key", "[terminal]\nkill_grace = \"1s\"\nkil_grace = \"2s\"\n", ":3: terminal.kil_grace"},
 		{"bad duration", "[terminal]\nkill_grace = \"soon\"\n", ":2: terminal.kill_grace"},
 		{"root user", "[session]\nuser = \"0:0\"\n", ":2: session.user"},
-		{"syntax", "[session\n", ":1"},
+		{"syntax", "[session\n", ":2"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

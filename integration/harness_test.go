@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -210,8 +211,13 @@ type idleAgent struct{ acpsdk.Agent }
 
 // agent connects an ACP agent, built on the independent SDK, to the server.
 func (s *server) agent() *acpsdk.AgentSideConnection {
-	return acpsdk.NewAgentSideConnection(idleAgent{}, s.stdin, s.stdout)
+	a := acpsdk.NewAgentSideConnection(idleAgent{}, s.stdin, s.stdout)
+	a.SetLogger(quietLog)
+	return a
 }
+
+// quietLog keeps the SDK's connection logs out of test output.
+var quietLog = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 // rpcCode returns the JSON-RPC error code carried by err, or 0.
 func rpcCode(err error) int {

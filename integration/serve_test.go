@@ -34,7 +34,7 @@ func TestTerminalBasics(t *testing.T) {
 		{"stderr merged", acpsdk.CreateTerminalRequest{Command: "/bin/sh", Args: []string{"-c", "echo out; echo err >&2; echo out2"}}, "out\nerr\nout2\n", "exit 0"},
 		{"args passed exactly", acpsdk.CreateTerminalRequest{Command: "printf", Args: []string{"[%s]", "a b", `it's "q"`, "$HOME", "*", ""}}, `[a b][it's "q"][$HOME][*][]`, "exit 0"},
 		{"command line runs in sh", acpsdk.CreateTerminalRequest{Command: "echo one && echo two | tr a-z A-Z"}, "one\nTWO\n", "exit 0"},
-		{"env", acpsdk.CreateTerminalRequest{Command: "printenv", Args: []string{"GREETING"}, Env: []acpsdk.EnvVariable{{Name: "GREETING", Value: "hi there; $x"}}}, "hi there; $x\n", "exit 0"},
+		{"env", acpsdk.CreateTerminalRequest{Command: "/bin/sh", Args: []string{"-c", `printf '%s\n' "$GREETING"`}, Env: []acpsdk.EnvVariable{{Name: "GREETING", Value: "hi there; $x"}}}, "hi there; $x\n", "exit 0"},
 		{"cwd", acpsdk.CreateTerminalRequest{Command: "pwd", Cwd: ptr(filepath.Join(ws, "sub dir"))}, filepath.Join(ws, "sub dir") + "\n", "exit 0"},
 		{"default cwd is the workspace", acpsdk.CreateTerminalRequest{Command: "pwd"}, ws + "\n", "exit 0"},
 		{"missing command is 126 or 127", acpsdk.CreateTerminalRequest{Command: "/no/such/command"}, "", "exit 12"},
@@ -311,8 +311,8 @@ func TestContainerIsHardened(t *testing.T) {
 		{"pids limit", "cat /sys/fs/cgroup/pids/pids.max", "256\n"},
 		{"no capabilities", "grep CapEff /proc/self/status", "CapEff:\t0000000000000000\n"},
 		{"no new privileges", "grep NoNewPrivs /proc/self/status", "NoNewPrivs:\t1\n"},
-		{"scratch is writable", "echo x > /tmp/x && cat /tmp/x", "x\n"},
-		{"no host path but the workspace", "grep -c ' /dev/vd\\| /dev/sd\\| /dev/nvme' /proc/self/mounts >/dev/null; awk '$2 !~ /^\\/(proc|sys|dev|tmp|var\\/tmp|run|home|etc\\/(hosts|hostname|resolv.conf))/ && $2 != \"/\" {print $2}' /proc/self/mounts", ws + "\n"},
+		{"scratch is writable and executable", "printf '#!/bin/sh\\necho x\\n' > /tmp/x && chmod +x /tmp/x && /tmp/x", "x\n"},
+		{"no host path but the workspace", `awk '$2 !~ /^\/(proc|sys|dev)(\/|$)/ && $2 !~ /^\/(tmp|var\/tmp|run|home|etc\/hosts|etc\/hostname|etc\/resolv.conf|sbin\/docker-init)$/ && $2 != "/" {print $2}' /proc/self/mounts`, ws + "\n"},
 	}
 	for _, c := range checks {
 		t.Run(c.name, func(t *testing.T) {

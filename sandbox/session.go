@@ -237,7 +237,9 @@ func containerConfig(c SessionConfig, spec SessionSpec, user string, labels map[
 	}
 	tmpfs := make(map[string]string, len(c.Scratch))
 	for _, p := range c.Scratch {
-		tmpfs[p] = fmt.Sprintf("rw,nosuid,nodev,size=%d,mode=1777", int64(c.ScratchSize))
+		// exec: toolchains run what they build in /tmp; the workspace is
+		// executable anyway, so noexec would protect nothing.
+		tmpfs[p] = fmt.Sprintf("rw,exec,nosuid,nodev,size=%d,mode=1777", int64(c.ScratchSize))
 	}
 	mode := func(m string) bool { return m == "ro" }
 	mounts := []mount.Mount{{Type: mount.TypeBind, Source: spec.Workspace, Target: spec.Workspace, ReadOnly: mode(c.WorkspaceMode)}}
@@ -333,6 +335,17 @@ func (s *Session) Release(ctx context.Context, id string) error {
 	}
 	delete(s.terminals, id)
 	s.mu.Unlock()
+	if t.Exited() {
+		// Processes the command left running in the background are part
+		// of what release frees; nobody waits for that.
+		s.m.wg.Add(1)
+		go func() {
+			defer s.m.wg.Done()
+			if err := t.signalAll(s.m.ctx, syscall.SIGKILL); err != nil && s.m.ctx.Err() == nil {
+				s.m.log.Debug("sweep after release", "terminal", id, "err", err)
+			}
+		}()
+	}
 	err = t.Kill(ctx)
 	t.close()
 	if err != nil {
@@ -354,6 +367,9 @@ func (s *Session) Close(ctx context.Context) error {
 		s.mu.Unlock()
 		// Removing the container kills every process in it at once; no
 		// per-terminal kill is needed.
+		for _, t := range terms {
+			t.markSent(syscall.SIGKILL)
+		}
 		s.closeErr = s.removeContainer()
 		for _, t := range terms {
 			t.close()

@@ -70,9 +70,9 @@ type Terminal struct {
 	done   chan struct{} // closed once status is set
 	status ExitStatus
 
-	mu     sync.Mutex
-	signal syscall.Signal // last signal sandboxd sent, 0 if none
-	kill   chan struct{}  // closed when a kill has finished
+	mu   sync.Mutex
+	sent uint64        // bit n set once sandboxd sent signal n
+	kill chan struct{} // closed when a kill has finished
 }
 
 const shellChars = " \t\n|&;<>()$`\\\"'*?[]#~=%{}!"
@@ -83,6 +83,21 @@ func (c Command) Argv() []string {
 		return []string{"/bin/sh", "-c", c.Command}
 	}
 	return append([]string{c.Command}, c.Args...)
+}
+
+// mergeStderr is the exec's entry point when output is merged: one pipe for
+// both streams keeps their true order, which two pipes read by the engine
+// cannot.
+const mergeStderr = `exec "$@" 2>&1`
+
+// execArgv is what the engine runs: Argv, behind mergeStderr unless the
+// streams are kept apart (sandboxd run) or a TTY merges them already.
+func (c Command) execArgv() []string {
+	argv := c.Argv()
+	if c.TTY || c.Stdout != nil || c.Stderr != nil {
+		return argv
+	}
+	return append([]string{"/bin/sh", "-c", mergeStderr, "sh"}, argv...)
 }
 
 // MaxArgLen is the longest single argument or environment string Linux
@@ -225,7 +240,7 @@ func (t *Terminal) start(ctx context.Context, cwd string) error {
 		AttachStderr: true,
 		Env:          env,
 		WorkingDir:   cwd,
-		Cmd:          t.cmd.Argv(),
+		Cmd:          t.cmd.execArgv(),
 	})
 	if err != nil {
 		if isNotFound(err) {
@@ -265,6 +280,12 @@ func (t *Terminal) collect() {
 	}
 	code, err := waitExec(s.m.ctx, s.m.cli, t.execID)
 	if err != nil {
+		if t.wasSent(syscall.SIGKILL) {
+			// The session's container was removed under the command.
+			name := SignalName(syscall.SIGKILL)
+			t.finish(ExitStatus{Signal: &name})
+			return
+		}
 		s.m.log.Warn("terminal exit status unknown", "terminal", t.ID, "err", err)
 		t.finish(ExitStatus{})
 		return
@@ -294,12 +315,9 @@ func (t teeWriter) Write(p []byte) (int, error) {
 // the same whether signal n killed the process or it ran `exit 128+n`, so a
 // signal is only reported when sandboxd sent it or the OOM killer did.
 func (t *Terminal) exitStatus(code int) ExitStatus {
-	t.mu.Lock()
-	sent := t.signal
-	t.mu.Unlock()
 	var sig syscall.Signal
 	switch {
-	case sent != 0 && (code == 128+int(sent) || code == 128+int(syscall.SIGKILL)):
+	case code > 128 && code < 128+64 && t.wasSent(syscall.Signal(code-128)):
 		sig = syscall.Signal(code - 128)
 	case code == 128+int(syscall.SIGKILL) && t.session.oomKillsRose(t.session.m.ctx):
 		sig = syscall.SIGKILL
@@ -326,6 +344,19 @@ func SignalName(sig syscall.Signal) string {
 		return "SIGQUIT"
 	}
 	return fmt.Sprintf("SIG%d", int(sig))
+}
+
+// markSent records that sandboxd sent sig, before sending it.
+func (t *Terminal) markSent(sig syscall.Signal) {
+	t.mu.Lock()
+	t.sent |= 1 << uint(sig)
+	t.mu.Unlock()
+}
+
+func (t *Terminal) wasSent(sig syscall.Signal) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.sent&(1<<uint(sig)) != 0
 }
 
 func (t *Terminal) finish(st ExitStatus) {
@@ -407,10 +438,11 @@ func (t *Terminal) Kill(ctx context.Context) error {
 		}
 		select {
 		case <-t.done:
-			return nil
 		case <-time.After(grace):
 		}
 	}
+	// Always finish with SIGKILL: children forked while SIGTERM was on its
+	// way, or that ignore it, would otherwise outlive the command.
 	if err := t.signalAll(kctx, syscall.SIGKILL); err != nil {
 		return fmt.Errorf("kill terminal %s: %w", t.ID, err)
 	}
@@ -437,15 +469,13 @@ while :; do
 done`
 
 func (t *Terminal) signalAll(ctx context.Context, sig syscall.Signal) error {
-	t.mu.Lock()
-	t.signal = sig
-	t.mu.Unlock()
+	t.markSent(sig)
 	name := strings.TrimPrefix(SignalName(sig), "SIG")
 	// The marker with its NUL terminator would be exact, but grep cannot
 	// take NUL; ids have a fixed length, so no id is a prefix of another.
 	argv := []string{"/bin/sh", "-c", killScript, "sh", name, MarkerEnv + "=" + t.ID}
 	_, err := t.session.execOutput(ctx, argv)
-	if err == nil || t.Exited() {
+	if err == nil {
 		return nil
 	}
 	// A command that used up the pids limit (a fork bomb) leaves no pid

@@ -1,0 +1,134 @@
+package integration
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	acpsdk "github.com/coder/acp-go-sdk"
+)
+
+// fdCount counts a process's open file descriptors.
+func fdCount(t testing.TB, pid int) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
+
+func TestReleasedTerminalsLeaveNoDescriptors(t *testing.T) {
+	ws := workspace(t)
+	srv := startServe(t, ws)
+	a := srv.agent()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// Warm up: the session, the engine connection pool.
+	sh(t, ctx, a, "fds", "true")
+	before := fdCount(t, srv.cmd.Process.Pid)
+	var ids []string
+	for range 20 {
+		c, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: "fds", Command: "sleep", Args: []string{"308"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, c.TerminalId)
+	}
+	for _, id := range ids {
+		if _, err := a.ReleaseTerminal(ctx, acpsdk.ReleaseTerminalRequest{SessionId: "fds", TerminalId: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Idle keep-alive connections to the engine may linger a little; the
+	// 20 hijacked exec connections must not.
+	eventually(t, "descriptors back to the baseline", 30*time.Second, func() bool {
+		return fdCount(t, srv.cmd.Process.Pid) <= before+4
+	})
+}
+
+func TestConfiguredMaximums(t *testing.T) {
+	ws := workspace(t)
+	cfg := filepath.Join(t.TempDir(), "max.toml")
+	writeFile(t, cfg, `
+[terminal]
+max_terminals = 2
+kill_grace = "1s"
+[server]
+max_sessions = 1
+idle_timeout = "2s"
+`)
+	srv := startServe(t, ws, "--config", cfg)
+	a := srv.agent()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var ids []string
+	for range 2 {
+		c, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: "one", Command: "sleep", Args: []string{"309"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, c.TerminalId)
+	}
+	_, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: "one", Command: "true"})
+	if err == nil || !strings.Contains(rpcMessage(err), "max_terminals") {
+		t.Errorf("third terminal: err = %v, want a refusal naming max_terminals", err)
+	}
+	_, err = a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: "two", Command: "true"})
+	if err == nil || !strings.Contains(rpcMessage(err), "max_sessions") {
+		t.Errorf("second session: err = %v, want a refusal naming max_sessions", err)
+	}
+	// Released terminals free their slot.
+	if _, err := a.ReleaseTerminal(ctx, acpsdk.ReleaseTerminalRequest{SessionId: "one", TerminalId: ids[0]}); err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := sh(t, ctx, a, "one", "echo slot"); out != "slot\n" {
+		t.Errorf("after release: %q", out)
+	}
+	// A running command keeps the session alive past the idle timeout;
+	// once it is gone and nothing is asked, the session is closed.
+	if _, err := a.ReleaseTerminal(ctx, acpsdk.ReleaseTerminalRequest{SessionId: "one", TerminalId: ids[1]}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "idle session closed", 30*time.Second, func() bool {
+		return len(containersOf(t, srv.cmd.Process.Pid)) == 0
+	})
+	_, err = a.TerminalOutput(ctx, acpsdk.TerminalOutputRequest{SessionId: "one", TerminalId: ids[1]})
+	if rpcCode(err) != -32002 {
+		t.Errorf("after idle close: err = %v, want -32002", err)
+	}
+}
+
+func TestKilledSessionReportsSIGKILL(t *testing.T) {
+	ws := workspace(t)
+	srv := startServe(t, ws)
+	a := srv.agent()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: "gone", Command: "sleep", Args: []string{"310"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() {
+		_, err := a.WaitForTerminalExit(ctx, acpsdk.WaitForTerminalExitRequest{SessionId: "gone", TerminalId: c.TerminalId})
+		waited <- err
+	}()
+	if _, err := a.CallExtension(ctx, "_sandboxd/session/close", map[string]any{"sessionId": "gone"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-waited:
+		// The wait ends either with the status or with -32002 for a
+		// terminal that no longer exists; it must not hang.
+		if err != nil && rpcCode(err) != -32002 {
+			t.Errorf("wait after session close: %v", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("wait_for_exit hangs after its session closed")
+	}
+}
