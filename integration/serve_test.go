@@ -323,3 +323,23 @@ func TestContainerIsHardened(t *testing.T) {
 		})
 	}
 }
+
+func TestReleaseEndsBackgroundLeftovers(t *testing.T) {
+	ws := workspace(t)
+	srv := startServe(t, ws)
+	a := srv.agent()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const sid = "leftovers"
+	// The command exits at once and leaves a daemon behind, detached from
+	// its output so the terminal ends.
+	out, st := sh(t, ctx, a, sid, "setsid sleep 311 >/dev/null 2>&1 & echo started")
+	if out != "started\n" || exitCode(st) != "exit 0" {
+		t.Fatalf("command: %q %s", out, exitCode(st))
+	}
+	// sh released the terminal; its leftover is swept shortly after.
+	eventually(t, "leftover process killed after release", 30*time.Second, func() bool {
+		ps, _ := sh(t, ctx, a, sid, "ps -o args | grep -c '[s]leep 311'")
+		return ps == "0\n"
+	})
+}

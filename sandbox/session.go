@@ -3,6 +3,7 @@ package sandbox
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -55,6 +56,9 @@ type Session struct {
 	closed    bool
 	lastUsed  time.Time
 	oomSeen   int64
+	// sweep lists released terminals whose leftovers are to be killed.
+	sweep      []string
+	sweepTimer *time.Timer
 
 	closeOnce sync.Once
 	closeErr  error
@@ -337,14 +341,8 @@ func (s *Session) Release(ctx context.Context, id string) error {
 	s.mu.Unlock()
 	if t.Exited() {
 		// Processes the command left running in the background are part
-		// of what release frees; nobody waits for that.
-		s.m.wg.Add(1)
-		go func() {
-			defer s.m.wg.Done()
-			if err := t.signalAll(s.m.ctx, syscall.SIGKILL); err != nil && s.m.ctx.Err() == nil {
-				s.m.log.Debug("sweep after release", "terminal", id, "err", err)
-			}
-		}()
+		// of what release frees; nobody needs to wait for that.
+		s.sweepLater(id)
 	}
 	err = t.Kill(ctx)
 	t.close()
@@ -359,6 +357,9 @@ func (s *Session) Close(ctx context.Context) error {
 	s.closeOnce.Do(func() {
 		s.mu.Lock()
 		s.closed = true
+		if s.sweepTimer != nil {
+			s.sweepTimer.Stop()
+		}
 		terms := make([]*Terminal, 0, len(s.terminals))
 		for _, t := range s.terminals {
 			terms = append(terms, t)
@@ -409,6 +410,87 @@ func (s *Session) oomKillsRose(ctx context.Context) bool {
 	rose := n > s.oomSeen
 	s.oomSeen = max(s.oomSeen, n)
 	return rose
+}
+
+// killScript signals every process whose environment carries one of the
+// markers given as grep -e arguments. Markers are plain regular expressions
+// (letters, digits, '_' and '='): busybox grep -F stops at the first NUL of
+// environ, its regex matcher does not. For SIGKILL it repeats until none is
+// left, so that children forked while it ran are caught too; zombies have
+// an empty environ and drop out.
+const killScript = `sig=$1; shift; n=0
+while :; do
+  pids=$(grep -ls "$@" /proc/[0-9]*/environ | cut -d/ -f3)
+  [ -n "$pids" ] || exit 0
+  kill -s "$sig" $pids 2>/dev/null
+  [ "$sig" = KILL ] || exit 0
+  n=$((n+1)); [ $n -lt 100 ] || exit 1
+done`
+
+// killHeadroom is how many pids a kill borrows: the shell, a subshell, grep
+// and cut, with room to spare.
+const killHeadroom = 16
+
+// signalMarked sends sig to every process of the given terminals, found by
+// their marker environment variable. It runs as an exec, so it works with a
+// remote engine too.
+func (s *Session) signalMarked(ctx context.Context, sig syscall.Signal, terminals []string) error {
+	argv := []string{"/bin/sh", "-c", killScript, "sh", strings.TrimPrefix(SignalName(sig), "SIG")}
+	for _, id := range terminals {
+		// The marker with its NUL terminator would be exact, but grep
+		// cannot take NUL; ids have a fixed length, so no id is a prefix
+		// of another.
+		argv = append(argv, "-e", MarkerEnv+"="+id)
+	}
+	_, err := s.execOutput(ctx, argv)
+	if err == nil {
+		return nil
+	}
+	// A command that used up the pids limit (a fork bomb) leaves no pid
+	// for the kill itself: lend the container a few pids for the kill,
+	// then take them back.
+	s.m.log.Debug("kill exec failed; retrying with pids headroom", "session", s.ID, "err", err)
+	restore, uerr := s.lendPids(ctx, killHeadroom)
+	if uerr != nil {
+		return errors.Join(err, uerr)
+	}
+	defer restore()
+	_, err = s.execOutput(ctx, argv)
+	return err
+}
+
+// sweepDelay batches the sweeps of released terminals, so that an agent
+// running many short commands does not pay an exec for each.
+const sweepDelay = time.Second
+
+// sweepLater kills, a little later and together with others, whatever the
+// released terminal's command left running in the background.
+func (s *Session) sweepLater(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	s.sweep = append(s.sweep, id)
+	if s.sweepTimer == nil {
+		s.sweepTimer = time.AfterFunc(sweepDelay, s.runSweep)
+	}
+}
+
+func (s *Session) runSweep() {
+	s.mu.Lock()
+	ids := s.sweep
+	s.sweep, s.sweepTimer = nil, nil
+	closed := s.closed
+	s.mu.Unlock()
+	if closed || len(ids) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(s.m.ctx, time.Minute)
+	defer cancel()
+	if err := s.signalMarked(ctx, syscall.SIGKILL, ids); err != nil && ctx.Err() == nil {
+		s.m.log.Debug("sweep after release", "session", s.ID, "err", err)
+	}
 }
 
 // lendPids raises the container's pids limit by n until restore is called.

@@ -454,50 +454,14 @@ func (t *Terminal) Kill(ctx context.Context) error {
 	return nil
 }
 
-// killScript signals every process whose environment carries the terminal's
-// marker. The marker is a plain regular expression (letters, digits, '_'
-// and '='): busybox grep -F stops at the first NUL of environ, its regex
-// matcher does not. For SIGKILL it repeats until none is left, so that children forked
-// while it ran are caught too. Zombies have an empty environ and drop out.
-const killScript = `sig=$1; m=$2; n=0
-while :; do
-  pids=$(grep -ls "$m" /proc/[0-9]*/environ | cut -d/ -f3)
-  [ -n "$pids" ] || exit 0
-  kill -s "$sig" $pids 2>/dev/null
-  [ "$sig" = KILL ] || exit 0
-  n=$((n+1)); [ $n -lt 100 ] || exit 1
-done`
-
 func (t *Terminal) signalAll(ctx context.Context, sig syscall.Signal) error {
 	t.markSent(sig)
-	name := strings.TrimPrefix(SignalName(sig), "SIG")
-	// The marker with its NUL terminator would be exact, but grep cannot
-	// take NUL; ids have a fixed length, so no id is a prefix of another.
-	argv := []string{"/bin/sh", "-c", killScript, "sh", name, MarkerEnv + "=" + t.ID}
-	_, err := t.session.execOutput(ctx, argv)
-	if err == nil {
-		return nil
-	}
-	// A command that used up the pids limit (a fork bomb) leaves no pid
-	// for the kill itself: lend the container a few pids for the kill,
-	// then take them back.
-	s := t.session
-	s.m.log.Debug("kill exec failed; retrying with pids headroom", "terminal", t.ID, "err", err)
-	restore, uerr := s.lendPids(ctx, killHeadroom)
-	if uerr != nil {
-		return errors.Join(err, uerr)
-	}
-	defer restore()
-	_, err = s.execOutput(ctx, argv)
+	err := t.session.signalMarked(ctx, sig, []string{t.ID})
 	if err != nil && t.Exited() {
 		return nil
 	}
 	return err
 }
-
-// killHeadroom is how many pids a kill borrows: the shell, a subshell, grep
-// and cut, with room to spare.
-const killHeadroom = 16
 
 // Resize changes the size of a TTY terminal.
 func (t *Terminal) Resize(ctx context.Context, cols, rows uint) error {
