@@ -18,7 +18,7 @@ var ErrNotFound = errors.New("not found")
 
 // ErrInvalid is returned for a request that is wrong in itself: a relative
 // cwd, a NUL byte, a limit above the maximum. Its message names the field.
-var ErrInvalid = errors.New("invalid")
+var ErrInvalid = errors.New("invalid request")
 
 // ErrLimit is returned when a configured maximum (sessions, terminals) is
 // reached.

@@ -85,6 +85,18 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 
 type usageError struct{ error }
 
+// newFlagSet returns a flag set whose -h prints the command's synopsis and
+// what it does before its flags.
+func newFlagSet(name, synopsis, about string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: sandboxd %s\n\n%s\n\nFlags:\n", synopsis, about)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
 // common holds the flags every command that opens sessions shares.
 type common struct {
 	config   string
@@ -158,8 +170,8 @@ func closeManager(m *sandbox.Manager, log *slog.Logger) {
 }
 
 func cmdServe(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("serve", "serve [--listen stdio|unix:PATH] [flags]",
+		"Answers the ACP terminal methods (terminal/create, output, wait_for_exit, kill,\nrelease) and _sandboxd/session/open|close, running every command in the\nsession's container.", stderr)
 	var c common
 	c.register(fs, "info")
 	listen := fs.String("listen", "stdio", "where to serve ACP: stdio, or unix:PATH")
@@ -220,8 +232,8 @@ type stdio struct {
 func (stdio) Close() error { return nil }
 
 func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) (int, error) {
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("run", "run [flags] -- CMD [ARGS...]",
+		"Runs one command in a fresh sandbox with the current directory as its\nworkspace, streams its output and exits with its exit code (128+n for\nsignal n). The container is removed afterwards.", stderr)
 	var c common
 	c.register(fs, "warn")
 	cpus := fs.String("cpus", "", "CPUs, e.g. 1.5 (default from config)")
@@ -276,8 +288,8 @@ func cmdImage(ctx context.Context, args []string, stderr io.Writer) error {
 	if len(args) == 0 || args[0] != "build" {
 		return usageError{errors.New("usage: sandboxd image build [--ref REF]")}
 	}
-	fs := flag.NewFlagSet("image build", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("image build", "image build [--ref REF]",
+		"Builds the base image from Debian's busybox-static and bash-static packages,\nreproducibly and without a registry.", stderr)
 	ref := fs.String("ref", images.DefaultRef, "image reference to build")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
@@ -292,8 +304,8 @@ func cmdImage(ctx context.Context, args []string, stderr io.Writer) error {
 }
 
 func cmdGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("gc", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	fs := newFlagSet("gc", "gc [--all]",
+		"Removes the containers of sandboxd instances that are no longer running\n(every start does this too).", stderr)
 	all := fs.Bool("all", false, "remove every sandboxd container, even of instances still running")
 	if err := fs.Parse(args); err != nil {
 		return err
