@@ -91,7 +91,7 @@ func TestLayoutKeepsRealFilesOverApplets(t *testing.T) {
 // packages and runs a container from it.
 func TestBuildTwiceIsIdentical(t *testing.T) {
 	ctx := context.Background()
-	cli, err := client.New(client.FromEnv, client.WithAPIVersionNegotiation())
+	cli, err := client.New(client.FromEnv)
 	if err == nil {
 		_, err = cli.Ping(ctx, client.PingOptions{NegotiateAPIVersion: true})
 	}

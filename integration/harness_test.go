@@ -53,7 +53,7 @@ func TestMain(m *testing.M) {
 
 func runMain(m *testing.M) int {
 	ctx := context.Background()
-	cli, err := client.New(client.FromEnv, client.WithAPIVersionNegotiation())
+	cli, err := client.New(client.FromEnv)
 	if err == nil {
 		_, err = cli.Ping(ctx, client.PingOptions{NegotiateAPIVersion: true})
 	}

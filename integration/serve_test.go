@@ -98,81 +98,58 @@ func TestOutputLimitKeepsValidUTF8Tail(t *testing.T) {
 }
 
 func TestKill(t *testing.T) {
-	ws := workspace(t)
-	srv := startServe(t, ws)
-	a := srv.agent()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	const sid = "kill"
-	created, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{
-		SessionId: sid, Command: "/bin/sh", Args: []string{"-c", "echo started; sleep 300 & sleep 300 & wait"},
-	})
-	if err != nil {
-		t.Fatal(err)
+	tests := []struct {
+		name, line, ready, leftover, want string
+	}{
+		{"background children", "echo started; sleep 300 & sleep 300 & wait", "started\n", "sleep 300", "signal SIGTERM"},
+		// Ignores SIGTERM and starts a process in a session of its own.
+		{"SIGTERM ignored, child escaped its session", "trap '' TERM; setsid sleep 301 & echo ready; while :; do sleep 1; done", "ready\n", "sleep 301", "signal SIGKILL"},
 	}
-	id := created.TerminalId
-	eventually(t, "output 'started'", 30*time.Second, func() bool {
-		out, err := a.TerminalOutput(ctx, acpsdk.TerminalOutputRequest{SessionId: sid, TerminalId: id})
-		return err == nil && out.Output == "started\n"
-	})
-	if _, err := a.KillTerminal(ctx, acpsdk.KillTerminalRequest{SessionId: sid, TerminalId: id}); err != nil {
-		t.Fatalf("kill: %v", err)
-	}
-	st, err := a.WaitForTerminalExit(ctx, acpsdk.WaitForTerminalExitRequest{SessionId: sid, TerminalId: id})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := exitCode(st); got != "signal SIGTERM" {
-		t.Errorf("status after kill = %s, want signal SIGTERM", got)
-	}
-	if ps, _ := sh(t, ctx, a, sid, "ps -o pid,args"); strings.Contains(ps, "sleep 300") {
-		t.Errorf("processes of the killed command are left:\n%s", ps)
-	}
-	// Output stays readable, and a second kill changes nothing.
-	for range 2 {
-		if _, err := a.KillTerminal(ctx, acpsdk.KillTerminalRequest{SessionId: sid, TerminalId: id}); err != nil {
-			t.Fatalf("kill after exit: %v", err)
-		}
-		out, err := a.TerminalOutput(ctx, acpsdk.TerminalOutputRequest{SessionId: sid, TerminalId: id})
-		if err != nil {
-			t.Fatalf("output after kill: %v", err)
-		}
-		if out.Output != "started\n" || out.ExitStatus == nil || out.ExitStatus.Signal == nil || *out.ExitStatus.Signal != "SIGTERM" {
-			t.Errorf("output after kill = %+v", out)
-		}
-	}
-}
-
-func TestKillIgnoringTermGetsKilled(t *testing.T) {
-	ws := workspace(t)
-	srv := startServe(t, ws)
-	a := srv.agent()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	const sid = "stubborn"
-	created, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{
-		SessionId: sid, Command: "/bin/sh", Args: []string{"-c", "trap '' TERM; setsid sleep 301 & echo ready; while :; do sleep 1; done"},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := created.TerminalId
-	eventually(t, "output 'ready'", 30*time.Second, func() bool {
-		out, err := a.TerminalOutput(ctx, acpsdk.TerminalOutputRequest{SessionId: sid, TerminalId: id})
-		return err == nil && out.Output == "ready\n"
-	})
-	if _, err := a.KillTerminal(ctx, acpsdk.KillTerminalRequest{SessionId: sid, TerminalId: id}); err != nil {
-		t.Fatalf("kill: %v", err)
-	}
-	st, err := a.WaitForTerminalExit(ctx, acpsdk.WaitForTerminalExitRequest{SessionId: sid, TerminalId: id})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := exitCode(st); got != "signal SIGKILL" {
-		t.Errorf("status = %s, want signal SIGKILL", got)
-	}
-	if ps, _ := sh(t, ctx, a, sid, "ps -o pid,args"); strings.Contains(ps, "sleep 301") {
-		t.Errorf("a process that left the session survived the kill:\n%s", ps)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ws := workspace(t)
+			srv := startServe(t, ws)
+			a := srv.agent()
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			const sid = "kill"
+			created, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: sid, Command: "/bin/sh", Args: []string{"-c", tc.line}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			id := created.TerminalId
+			eventually(t, "output "+tc.ready, 30*time.Second, func() bool {
+				out, err := a.TerminalOutput(ctx, acpsdk.TerminalOutputRequest{SessionId: sid, TerminalId: id})
+				return err == nil && out.Output == tc.ready
+			})
+			if _, err := a.KillTerminal(ctx, acpsdk.KillTerminalRequest{SessionId: sid, TerminalId: id}); err != nil {
+				t.Fatalf("kill: %v", err)
+			}
+			st, err := a.WaitForTerminalExit(ctx, acpsdk.WaitForTerminalExitRequest{SessionId: sid, TerminalId: id})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := exitCode(st); got != tc.want {
+				t.Errorf("status after kill = %s, want %s", got, tc.want)
+			}
+			if ps, _ := sh(t, ctx, a, sid, "ps -o pid,args"); strings.Contains(ps, tc.leftover) {
+				t.Errorf("processes of the killed command are left:\n%s", ps)
+			}
+			// Output stays readable, and a kill after exit changes nothing.
+			for range 2 {
+				if _, err := a.KillTerminal(ctx, acpsdk.KillTerminalRequest{SessionId: sid, TerminalId: id}); err != nil {
+					t.Fatalf("kill after exit: %v", err)
+				}
+				out, err := a.TerminalOutput(ctx, acpsdk.TerminalOutputRequest{SessionId: sid, TerminalId: id})
+				if err != nil {
+					t.Fatalf("output after kill: %v", err)
+				}
+				got := exitCode(acpsdk.WaitForTerminalExitResponse{ExitCode: out.ExitStatus.ExitCode, Signal: out.ExitStatus.Signal})
+				if out.Output != tc.ready || got != tc.want {
+					t.Errorf("output after kill = %q, %s", out.Output, got)
+				}
+			}
+		})
 	}
 }
 

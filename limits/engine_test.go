@@ -155,7 +155,7 @@ func TestEngineResources(t *testing.T) {
 			&specs.LinuxResources{
 				Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
 				CPU:     &specs.LinuxCPU{Burst: u64(1000), Idle: i64(1)},
-				Memory:  &specs.LinuxMemory{Kernel: i64(1 << 20), KernelTCP: i64(1 << 20)},
+				Memory:  &specs.LinuxMemory{KernelTCP: i64(1 << 20)},
 				BlockIO: &specs.LinuxBlockIO{
 					LeafWeight:            u16(10),
 					WeightDevice:          []specs.LinuxWeightDevice{{LinuxBlockIODevice: specs.LinuxBlockIODevice{Major: 8}, Weight: u16(10)}},

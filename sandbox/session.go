@@ -286,12 +286,6 @@ func containerSafe(id string) string {
 	return b.String()
 }
 
-func (s *Session) touch() {
-	s.mu.Lock()
-	s.lastUsed = time.Now()
-	s.mu.Unlock()
-}
-
 // idleSince reports how long the session has had no call and no running
 // command.
 func (s *Session) idleSince(now time.Time) time.Duration {

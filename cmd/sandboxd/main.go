@@ -128,7 +128,7 @@ func (c *common) logger(stderr io.Writer) (*slog.Logger, func(), error) {
 }
 
 func engineClient() (*client.Client, error) {
-	cli, err := client.New(client.FromEnv, client.WithAPIVersionNegotiation())
+	cli, err := client.New(client.FromEnv)
 	if err != nil {
 		return nil, fmt.Errorf("docker client: %w", err)
 	}
