@@ -90,31 +90,48 @@ func TestForkBombIsStoppedByPidsLimit(t *testing.T) {
 	}
 }
 
-func TestCrashedInstanceLeavesNothingAfterRestart(t *testing.T) {
-	ws := workspace(t)
-	srv := startServe(t, ws)
-	a := srv.agent()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if _, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: "crash", Command: "sleep", Args: []string{"306"}}); err != nil {
-		t.Fatal(err)
+func TestCrashedInstanceLeavesNothing(t *testing.T) {
+	// crash starts sandboxd with a running command, SIGKILLs it and returns
+	// its pid, with the orphaned container still there.
+	crash := func(t *testing.T, ws string) int {
+		srv := startServe(t, ws)
+		a := srv.agent()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		if _, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: "crash", Command: "sleep", Args: []string{"306"}}); err != nil {
+			t.Fatal(err)
+		}
+		pid := srv.cmd.Process.Pid
+		if n := len(containersOf(t, pid)); n != 1 {
+			t.Fatalf("containers before the crash = %d, want 1", n)
+		}
+		srv.cmd.Process.Signal(syscall.SIGKILL)
+		<-srv.done
+		if n := len(containersOf(t, pid)); n != 1 {
+			t.Fatalf("containers right after SIGKILL = %d, want the orphan still there", n)
+		}
+		return pid
 	}
-	pid := srv.cmd.Process.Pid
-	if n := len(containersOf(t, pid)); n != 1 {
-		t.Fatalf("containers before the crash = %d, want 1", n)
-	}
-	srv.cmd.Process.Signal(syscall.SIGKILL)
-	<-srv.done
-	if n := len(containersOf(t, pid)); n != 1 {
-		t.Fatalf("containers right after SIGKILL = %d, want the orphan still there", n)
-	}
-	// The next start removes what the dead one left, before it serves.
-	next := startServe(t, ws)
-	c := next.raw()
-	if rep := c.call(t, 1, "terminal/output", map[string]any{"sessionId": "x", "terminalId": "y"}); rep.Error == nil || rep.Error.Code != -32002 {
-		t.Fatalf("new instance not serving: %+v", rep)
-	}
-	assertNoContainers(t, pid)
+	t.Run("next start removes them", func(t *testing.T) {
+		ws := workspace(t)
+		pid := crash(t, ws)
+		next := startServe(t, ws)
+		c := next.raw()
+		// Once the new instance answers, the dead one's container is gone.
+		if rep := c.call(t, 1, "terminal/output", map[string]any{"sessionId": "x", "terminalId": "y"}); rep.Error == nil || rep.Error.Code != -32002 {
+			t.Fatalf("new instance not serving: %+v", rep)
+		}
+		assertNoContainers(t, pid)
+	})
+	t.Run("gc removes them", func(t *testing.T) {
+		ws := workspace(t)
+		pid := crash(t, ws)
+		out, err := exec.Command(testEnv.bin, "gc").CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "container(s) removed") {
+			t.Fatalf("gc: %v %s", err, out)
+		}
+		assertNoContainers(t, pid)
+	})
 }
 
 func TestSignalRemovesContainers(t *testing.T) {
