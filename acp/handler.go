@@ -284,10 +284,15 @@ func (t *Terminals) open(ctx context.Context, sid string, spec sandbox.SessionSp
 	return s, nil
 }
 
-// Prepare opens (or finds) a session in the background path of a proxy: the
-// container is ready by the time the first command comes.
-func (t *Terminals) Prepare(ctx context.Context, spec sandbox.SessionSpec) (*sandbox.Session, error) {
-	return t.open(ctx, spec.ID, spec, false)
+// Prepare starts opening a session for a proxy, which knows the session's
+// workspace from the editor, in the background, so that its container is
+// ready by the time the first command comes. The session is known to the
+// connection at once: a command that comes first waits for the container.
+func (t *Terminals) Prepare(spec sandbox.SessionSpec) {
+	t.mu.Lock()
+	t.sessions[spec.ID] = struct{}{}
+	t.mu.Unlock()
+	t.m.OpenAsync(t.key(spec.ID), spec)
 }
 
 // Session returns the connection's open session with the given id.

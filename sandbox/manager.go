@@ -107,35 +107,69 @@ func (m *Manager) OpenOrGet(ctx context.Context, key string, spec SessionSpec) (
 }
 
 func (m *Manager) openOrGet(ctx context.Context, key string, spec SessionSpec) (*Session, bool, error) {
-	m.mu.Lock()
-	if m.closed {
-		m.mu.Unlock()
-		return nil, false, fmt.Errorf("open session %s: sandboxd is shutting down", spec.ID)
+	s, created, err := m.reserve(key, spec)
+	if err != nil {
+		return nil, false, err
 	}
-	if s, ok := m.sessions[key]; ok {
-		m.mu.Unlock()
+	if !created {
 		if err := s.waitReady(ctx); err != nil {
 			return nil, false, err
 		}
 		return s, false, nil
 	}
+	if err := m.startSession(ctx, s); err != nil {
+		return nil, false, err
+	}
+	return s, true, nil
+}
+
+// OpenAsync starts opening the session under key in the background, unless
+// there is one already, and returns at once; Get waits for it. A proxy uses
+// it to have the container ready before the agent's first command.
+func (m *Manager) OpenAsync(key string, spec SessionSpec) {
+	s, created, err := m.reserve(key, spec)
+	if err != nil {
+		m.log.Warn("prepare session", "session", spec.ID, "err", err)
+		return
+	}
+	if !created {
+		return
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		if err := m.startSession(m.ctx, s); err != nil {
+			m.log.Warn("prepare session", "session", spec.ID, "err", err)
+		}
+	}()
+}
+
+// reserve returns the session under key, or a new one that is not started
+// yet; concurrent callers for the same key get the same session.
+func (m *Manager) reserve(key string, spec SessionSpec) (*Session, bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, false, fmt.Errorf("open session %s: sandboxd is shutting down", spec.ID)
+	}
+	if s, ok := m.sessions[key]; ok {
+		return s, false, nil
+	}
 	if len(m.sessions) >= int(m.cfg.Server.MaxSessions) {
-		m.mu.Unlock()
 		return nil, false, fmt.Errorf("open session %s: %w: %d sessions are open (server.max_sessions)", spec.ID, ErrLimit, m.cfg.Server.MaxSessions)
 	}
 	s := newSession(m, key, spec)
 	m.sessions[key] = s
-	m.mu.Unlock()
+	return s, true, nil
+}
 
+func (m *Manager) startSession(ctx context.Context, s *Session) error {
 	err := s.start(ctx)
 	if err != nil {
 		m.forget(s)
 	}
 	s.markReady(err)
-	if err != nil {
-		return nil, false, err
-	}
-	return s, true, nil
+	return err
 }
 
 // Get returns the open session under key, waiting for it if it is still

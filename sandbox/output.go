@@ -90,6 +90,34 @@ func (b *OutputBuffer) Snapshot() (out []byte, truncated bool) {
 	return out, truncated
 }
 
+// Since returns what was written after the first offset bytes, as far as
+// the buffer still holds it, and the offset to ask from next time. Watchers
+// that stream output use it to send only what is new.
+func (b *OutputBuffer) Since(offset int64) (data []byte, next int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := b.total - offset
+	if n <= 0 {
+		return nil, b.total
+	}
+	held := int64(len(b.buf))
+	n = min(n, held)
+	data = make([]byte, n)
+	// The newest n bytes end just before start (ring full) or at len(buf).
+	end := int64(len(b.buf))
+	if len(b.buf) == b.limit {
+		end = int64(b.start)
+	}
+	from := end - n
+	if from >= 0 {
+		copy(data, b.buf[from:end])
+	} else {
+		k := copy(data, b.buf[int64(len(b.buf))+from:])
+		copy(data[k:], b.buf[:end])
+	}
+	return data, b.total
+}
+
 // Total returns the number of bytes ever written.
 func (b *OutputBuffer) Total() int64 {
 	b.mu.Lock()

@@ -117,3 +117,30 @@ func BenchmarkOutputBufferWrite(b *testing.B) {
 		buf.Write(chunk)
 	}
 }
+
+func TestOutputBufferSince(t *testing.T) {
+	b := NewOutputBuffer(8)
+	var all []byte
+	var next int64
+	var got []byte
+	for i, w := range []string{"ab", "cdef", "", "ghijklmnop", "q", "rstuvwxyz0123"} {
+		b.Write([]byte(w))
+		all = append(all, w...)
+		d, n := b.Since(next)
+		got = append(got, d...)
+		next = n
+		if next != int64(len(all)) {
+			t.Fatalf("step %d: next = %d, want %d", i, next, len(all))
+		}
+	}
+	// What the buffer still held at each read arrives, in order.
+	if want := "ab" + "cdef" + "ijklmnop" + "q" + "wxyz0123"; string(got) != want {
+		t.Errorf("Since stream = %q, want %q", got, want)
+	}
+	if d, n := b.Since(next); len(d) != 0 || n != next {
+		t.Errorf("Since(now) = %q, %d", d, n)
+	}
+	if d, _ := b.Since(0); string(d) != string(all[len(all)-8:]) {
+		t.Errorf("Since(0) after wrap = %q", d)
+	}
+}

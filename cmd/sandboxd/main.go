@@ -28,6 +28,7 @@ import (
 const usage = `sandboxd runs AI agents' shell commands in hardened per-session containers.
 
 Usage:
+  sandboxd wrap [--config FILE] -- AGENT [ARGS...]
   sandboxd serve [--listen stdio|unix:PATH] [--config FILE]
   sandboxd run [--cpus N] [--memory SIZE] [--pids N] [--network NAME] [--image REF] [--config FILE] -- CMD [ARGS...]
   sandboxd image build [--ref REF]
@@ -58,6 +59,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		err = cmdServe(ctx, args[1:], stdin, stdout, stderr)
 	case "run":
 		code, err = cmdRun(ctx, args[1:], stdout, stderr)
+	case "wrap":
+		code, err = cmdWrap(ctx, args[1:], stdin, stdout, stderr)
 	case "image":
 		err = cmdImage(ctx, args[1:], stderr)
 	case "gc":

@@ -1,0 +1,179 @@
+// Command testagent is a small ACP agent, built on the independent
+// acp-go-sdk, that the wrap tests put behind sandboxd. It runs commands
+// through client terminals, embeds them in tool calls, and reports what it
+// saw as agent messages:
+//
+//	caps          the clientCapabilities it was given, as JSON
+//	run LINE      runs LINE in a terminal embedded in a tool call, then
+//	              reports "exit=... output=..."
+//	crash LINE    starts LINE in a terminal and exits with code 3
+//	permission    asks for permission and reports the chosen option
+//	read PATH     reads a file through the client and reports it
+//
+// Anything else is echoed back.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+
+	acp "github.com/coder/acp-go-sdk"
+)
+
+type agent struct {
+	acp.Agent // methods the tests never call
+	conn      *acp.AgentSideConnection
+
+	mu       sync.Mutex
+	caps     acp.ClientCapabilities
+	sessions map[string]string // id -> cwd
+}
+
+func (a *agent) Initialize(_ context.Context, p acp.InitializeRequest) (acp.InitializeResponse, error) {
+	a.mu.Lock()
+	a.caps = p.ClientCapabilities
+	a.mu.Unlock()
+	return acp.InitializeResponse{
+		ProtocolVersion:   acp.ProtocolVersionNumber,
+		AgentCapabilities: acp.AgentCapabilities{LoadSession: true},
+	}, nil
+}
+
+func (a *agent) Authenticate(context.Context, acp.AuthenticateRequest) (acp.AuthenticateResponse, error) {
+	return acp.AuthenticateResponse{}, nil
+}
+
+func (a *agent) NewSession(_ context.Context, p acp.NewSessionRequest) (acp.NewSessionResponse, error) {
+	b := make([]byte, 6)
+	rand.Read(b)
+	id := "sess_" + hex.EncodeToString(b)
+	a.mu.Lock()
+	a.sessions[id] = p.Cwd
+	a.mu.Unlock()
+	return acp.NewSessionResponse{SessionId: acp.SessionId(id)}, nil
+}
+
+func (a *agent) LoadSession(_ context.Context, p acp.LoadSessionRequest) (acp.LoadSessionResponse, error) {
+	a.mu.Lock()
+	a.sessions[string(p.SessionId)] = p.Cwd
+	a.mu.Unlock()
+	return acp.LoadSessionResponse{}, nil
+}
+
+func (a *agent) CloseSession(_ context.Context, p acp.CloseSessionRequest) (acp.CloseSessionResponse, error) {
+	a.mu.Lock()
+	delete(a.sessions, string(p.SessionId))
+	a.mu.Unlock()
+	return acp.CloseSessionResponse{}, nil
+}
+
+func (a *agent) SetSessionMode(context.Context, acp.SetSessionModeRequest) (acp.SetSessionModeResponse, error) {
+	return acp.SetSessionModeResponse{}, nil
+}
+
+func (a *agent) Cancel(context.Context, acp.CancelNotification) error { return nil }
+
+func (a *agent) say(ctx context.Context, sid acp.SessionId, text string) error {
+	return a.conn.SessionUpdate(ctx, acp.SessionNotification{SessionId: sid, Update: acp.UpdateAgentMessageText(text)})
+}
+
+func (a *agent) Prompt(ctx context.Context, p acp.PromptRequest) (acp.PromptResponse, error) {
+	var text string
+	for _, b := range p.Prompt {
+		if b.Text != nil {
+			text += b.Text.Text
+		}
+	}
+	verb, arg, _ := strings.Cut(text, " ")
+	a.mu.Lock()
+	cwd := a.sessions[string(p.SessionId)]
+	caps := a.caps
+	a.mu.Unlock()
+	var reply string
+	var err error
+	switch verb {
+	case "caps":
+		b, _ := json.Marshal(caps)
+		reply = string(b)
+	case "run":
+		reply, err = a.run(ctx, p.SessionId, cwd, arg)
+	case "crash":
+		_, err = a.conn.CreateTerminal(ctx, acp.CreateTerminalRequest{SessionId: p.SessionId, Command: "/bin/sh", Args: []string{"-c", arg}, Cwd: &cwd})
+		if err == nil {
+			os.Exit(3)
+		}
+	case "permission":
+		var res acp.RequestPermissionResponse
+		res, err = a.conn.RequestPermission(ctx, acp.RequestPermissionRequest{
+			SessionId: p.SessionId,
+			ToolCall:  acp.ToolCallUpdate{ToolCallId: "perm_1", Title: acp.Ptr("Delete the build directory")},
+			Options: []acp.PermissionOption{
+				{Kind: acp.PermissionOptionKindAllowOnce, Name: "Allow", OptionId: "allow"},
+				{Kind: acp.PermissionOptionKindRejectOnce, Name: "Reject", OptionId: "reject"},
+			},
+		})
+		if err == nil && res.Outcome.Selected != nil {
+			reply = "permission: " + string(res.Outcome.Selected.OptionId)
+		}
+	case "read":
+		var res acp.ReadTextFileResponse
+		res, err = a.conn.ReadTextFile(ctx, acp.ReadTextFileRequest{SessionId: p.SessionId, Path: arg})
+		reply = "read: " + res.Content
+	default:
+		reply = "echo: " + text
+	}
+	if err != nil {
+		reply = "error: " + err.Error()
+	}
+	if err := a.say(ctx, p.SessionId, reply); err != nil {
+		return acp.PromptResponse{}, err
+	}
+	return acp.PromptResponse{StopReason: acp.StopReasonEndTurn}, nil
+}
+
+// run runs line in a terminal shown in a tool call, as agents do.
+func (a *agent) run(ctx context.Context, sid acp.SessionId, cwd, line string) (string, error) {
+	t, err := a.conn.CreateTerminal(ctx, acp.CreateTerminalRequest{SessionId: sid, Command: "/bin/sh", Args: []string{"-c", line}, Cwd: &cwd})
+	if err != nil {
+		return "", err
+	}
+	call := acp.ToolCallId("call_" + t.TerminalId)
+	if err := a.conn.SessionUpdate(ctx, acp.SessionNotification{SessionId: sid, Update: acp.StartToolCall(call, line,
+		acp.WithStartKind(acp.ToolKindExecute), acp.WithStartStatus(acp.ToolCallStatusInProgress),
+		acp.WithStartContent([]acp.ToolCallContent{acp.ToolTerminalRef(t.TerminalId)}))}); err != nil {
+		return "", err
+	}
+	st, err := a.conn.WaitForTerminalExit(ctx, acp.WaitForTerminalExitRequest{SessionId: sid, TerminalId: t.TerminalId})
+	if err != nil {
+		return "", err
+	}
+	out, err := a.conn.TerminalOutput(ctx, acp.TerminalOutputRequest{SessionId: sid, TerminalId: t.TerminalId})
+	if err != nil {
+		return "", err
+	}
+	if err := a.conn.SessionUpdate(ctx, acp.SessionNotification{SessionId: sid, Update: acp.UpdateToolCall(call,
+		acp.WithUpdateStatus(acp.ToolCallStatusCompleted),
+		acp.WithUpdateContent([]acp.ToolCallContent{acp.ToolTerminalRef(t.TerminalId)}))}); err != nil {
+		return "", err
+	}
+	if _, err := a.conn.ReleaseTerminal(ctx, acp.ReleaseTerminalRequest{SessionId: sid, TerminalId: t.TerminalId}); err != nil {
+		return "", err
+	}
+	code := "null"
+	if st.ExitCode != nil {
+		code = fmt.Sprint(*st.ExitCode)
+	}
+	return fmt.Sprintf("exit=%s output=%s", code, out.Output), nil
+}
+
+func main() {
+	a := &agent{sessions: make(map[string]string)}
+	a.conn = acp.NewAgentSideConnection(a, os.Stdout, os.Stdin)
+	<-a.conn.Done()
+}
