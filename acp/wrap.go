@@ -53,6 +53,9 @@ func Wrap(ctx context.Context, m *sandbox.Manager, editor io.ReadWriteCloser, ag
 		close(exited)
 	}()
 
+	// Editors usually start the agent in the project they open a session
+	// for: have that session's container running before it is asked for.
+	m.KeepSpare(sandbox.SessionSpec{ID: "spare", Workspace: workspace})
 	p := NewProxy(NewTerminals(m, "wrap", workspace), editor, pipe{stdout, stdin}, log)
 	ended := make(chan error, 1)
 	go func() { ended <- p.Run(ctx) }()

@@ -198,6 +198,20 @@ func containersOf(t testing.TB, pid int) []string {
 	return ids
 }
 
+// sessionContainersOf is containersOf without the spare container that
+// wrap keeps ready for the next session.
+func sessionContainersOf(t testing.TB, pid int) []string {
+	t.Helper()
+	var ids []string
+	for _, id := range containersOf(t, pid) {
+		c, err := testEnv.cli.ContainerInspect(context.Background(), id, client.ContainerInspectOptions{})
+		if err == nil && c.Container.Config.Labels[sandbox.LabelSession] != "spare" {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
 func assertNoContainers(t testing.TB, pid int) {
 	t.Helper()
 	if ids := containersOf(t, pid); len(ids) > 0 {

@@ -97,7 +97,7 @@ type wrapped struct {
 	logs *lockedBuffer
 }
 
-func startWrap(t *testing.T, dir string, editorCaps acpsdk.ClientCapabilities) *wrapped {
+func startWrap(t testing.TB, dir string, editorCaps acpsdk.ClientCapabilities) *wrapped {
 	t.Helper()
 	agentBin, err := testAgent()
 	if err != nil {
@@ -147,7 +147,7 @@ func startWrap(t *testing.T, dir string, editorCaps acpsdk.ClientCapabilities) *
 	return w
 }
 
-func (w *wrapped) newSession(t *testing.T, ctx context.Context, cwd string) acpsdk.SessionId {
+func (w *wrapped) newSession(t testing.TB, ctx context.Context, cwd string) acpsdk.SessionId {
 	t.Helper()
 	res, err := w.conn.NewSession(ctx, acpsdk.NewSessionRequest{Cwd: cwd, McpServers: []acpsdk.McpServer{}})
 	if err != nil {
@@ -157,7 +157,7 @@ func (w *wrapped) newSession(t *testing.T, ctx context.Context, cwd string) acps
 }
 
 // prompt sends text and returns the agent's last message of the turn.
-func (w *wrapped) prompt(t *testing.T, ctx context.Context, sid acpsdk.SessionId, text string) string {
+func (w *wrapped) prompt(t testing.TB, ctx context.Context, sid acpsdk.SessionId, text string) string {
 	t.Helper()
 	before := len(w.ed.messages())
 	if _, err := w.conn.Prompt(ctx, acpsdk.PromptRequest{SessionId: sid, Prompt: []acpsdk.ContentBlock{acpsdk.TextBlock(text)}}); err != nil {
@@ -291,7 +291,7 @@ func TestWrapSessionsGetTheirOwnContainers(t *testing.T) {
 	s2 := w.newSession(t, ctx, other)
 	// Containers are prepared as soon as the sessions exist.
 	eventually(t, "two containers", 60*time.Second, func() bool {
-		return len(containersOf(t, w.cmd.Process.Pid)) == 2
+		return len(sessionContainersOf(t, w.cmd.Process.Pid)) == 2
 	})
 	h1 := w.prompt(t, ctx, s1, "run cat /etc/hostname; pwd; cat /proc/self/cgroup | head -1")
 	h2 := w.prompt(t, ctx, s2, "run cat /etc/hostname; pwd; cat /proc/self/cgroup | head -1")
@@ -302,7 +302,7 @@ func TestWrapSessionsGetTheirOwnContainers(t *testing.T) {
 		t.Fatalf("session/close: %v", err)
 	}
 	eventually(t, "closed session's container removed", 60*time.Second, func() bool {
-		return len(containersOf(t, w.cmd.Process.Pid)) == 1
+		return len(sessionContainersOf(t, w.cmd.Process.Pid)) == 1
 	})
 }
 
@@ -332,7 +332,7 @@ func TestWrapEditorEOFLeavesNothing(t *testing.T) {
 	sid := w.newSession(t, ctx, ws)
 	go w.conn.Prompt(ctx, acpsdk.PromptRequest{SessionId: sid, Prompt: []acpsdk.ContentBlock{acpsdk.TextBlock("run sleep 300")}})
 	eventually(t, "command running", 60*time.Second, func() bool {
-		return len(containersOf(t, w.cmd.Process.Pid)) == 1
+		return len(sessionContainersOf(t, w.cmd.Process.Pid)) == 1
 	})
 	// Cleanup closes stdin and checks that no container is left.
 }

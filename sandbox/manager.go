@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"sync"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/client"
+
+	"github.com/sandboxd/sandboxd/limits"
 )
 
 // ErrNotFound is returned for a session or terminal id that does not exist
@@ -42,6 +45,11 @@ type Manager struct {
 	sessions map[string]*Session
 	closed   bool
 	wg       sync.WaitGroup
+	// spare is a started container waiting for the next session with
+	// spareSpec, so that session's first command need not wait for a cold
+	// start; nil while none is ready.
+	spare     *Session
+	spareSpec *SessionSpec
 }
 
 // NewManager connects sandboxd to the engine: it takes an instance lock,
@@ -107,15 +115,17 @@ func (m *Manager) OpenOrGet(ctx context.Context, key string, spec SessionSpec) (
 }
 
 func (m *Manager) openOrGet(ctx context.Context, key string, spec SessionSpec) (*Session, bool, error) {
-	s, created, err := m.reserve(key, spec)
-	if err != nil {
+	s, state, err := m.reserve(key, spec)
+	switch {
+	case err != nil:
 		return nil, false, err
-	}
-	if !created {
+	case state == existing:
 		if err := s.waitReady(ctx); err != nil {
 			return nil, false, err
 		}
 		return s, false, nil
+	case state == adopted:
+		return s, true, nil
 	}
 	if err := m.startSession(ctx, s); err != nil {
 		return nil, false, err
@@ -127,12 +137,12 @@ func (m *Manager) openOrGet(ctx context.Context, key string, spec SessionSpec) (
 // there is one already, and returns at once; Get waits for it. A proxy uses
 // it to have the container ready before the agent's first command.
 func (m *Manager) OpenAsync(key string, spec SessionSpec) {
-	s, created, err := m.reserve(key, spec)
+	s, state, err := m.reserve(key, spec)
 	if err != nil {
 		m.log.Warn("prepare session", "session", spec.ID, "err", err)
 		return
 	}
-	if !created {
+	if state != fresh {
 		return
 	}
 	m.wg.Add(1)
@@ -144,23 +154,88 @@ func (m *Manager) OpenAsync(key string, spec SessionSpec) {
 	}()
 }
 
-// reserve returns the session under key, or a new one that is not started
-// yet; concurrent callers for the same key get the same session.
-func (m *Manager) reserve(key string, spec SessionSpec) (*Session, bool, error) {
+// How reserve found a session.
+const (
+	fresh    = iota // new, to be started by the caller
+	existing        // opened before, maybe still starting
+	adopted         // the spare container, already running
+)
+
+// reserve returns the session under key, or a new one: the spare when it
+// fits, else one that is not started yet. Concurrent callers for the same
+// key get the same session.
+func (m *Manager) reserve(key string, spec SessionSpec) (*Session, int, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
-		return nil, false, fmt.Errorf("open session %s: sandboxd is shutting down", spec.ID)
+		return nil, 0, fmt.Errorf("open session %s: sandboxd is shutting down", spec.ID)
 	}
 	if s, ok := m.sessions[key]; ok {
-		return s, false, nil
+		return s, existing, nil
 	}
 	if len(m.sessions) >= int(m.cfg.Server.MaxSessions) {
-		return nil, false, fmt.Errorf("open session %s: %w: %d sessions are open (server.max_sessions)", spec.ID, ErrLimit, m.cfg.Server.MaxSessions)
+		return nil, 0, fmt.Errorf("open session %s: %w: %d sessions are open (server.max_sessions)", spec.ID, ErrLimit, m.cfg.Server.MaxSessions)
+	}
+	if s := m.spare; s != nil && spareFits(s.spec, spec) {
+		m.spare = nil
+		s.key, s.ID = key, spec.ID
+		m.sessions[key] = s
+		m.log.Info("session takes the spare container", "session", spec.ID, "container", s.contID[:12])
+		m.refillSpare()
+		return s, adopted, nil
 	}
 	s := newSession(m, key, spec)
 	m.sessions[key] = s
-	return s, true, nil
+	return s, fresh, nil
+}
+
+// spareFits reports whether a session asking for want can have the spare
+// made with have: same workspace, nothing but the defaults otherwise.
+func spareFits(have, want SessionSpec) bool {
+	return filepath.Clean(want.Workspace) == have.Workspace && len(want.ExtraDirs) == 0 &&
+		(want.Image == "" || want.Image == have.Image) &&
+		(want.Network == "" || want.Network == have.Network) &&
+		want.Limits == limits.Limits{}
+}
+
+// KeepSpare keeps one container with spec (the configured defaults and a
+// workspace) started ahead of need, for the next session that fits it.
+func (m *Manager) KeepSpare(spec SessionSpec) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.spareSpec = &spec
+	m.refillSpare()
+}
+
+// refillSpare starts a new spare in the background. m.mu must be held.
+func (m *Manager) refillSpare() {
+	if m.spareSpec == nil || m.closed {
+		return
+	}
+	spec := *m.spareSpec
+	spec.ID = "spare"
+	s := newSession(m, "", spec)
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		err := s.start(m.ctx)
+		s.markReady(err)
+		if err != nil {
+			if m.ctx.Err() == nil {
+				m.log.Warn("start spare container", "err", err)
+			}
+			return
+		}
+		m.mu.Lock()
+		keep := !m.closed && m.spare == nil
+		if keep {
+			m.spare = s
+		}
+		m.mu.Unlock()
+		if !keep {
+			s.removeContainer()
+		}
+	}()
 }
 
 func (m *Manager) startSession(ctx context.Context, s *Session) error {
@@ -226,7 +301,12 @@ func (m *Manager) Close(ctx context.Context) error {
 	for _, s := range m.sessions {
 		sessions = append(sessions, s)
 	}
+	spare := m.spare
+	m.spare = nil
 	m.mu.Unlock()
+	if spare != nil {
+		spare.removeContainer()
+	}
 
 	var wg sync.WaitGroup
 	errs := make([]error, len(sessions))
