@@ -1,0 +1,221 @@
+// Package osc633 strips shell-integration escape sequences (OSC 633) from a
+// terminal's output stream and reports them, with window titles (OSC 0 and
+// 2), as events.
+package osc633
+
+import (
+	"bytes"
+	"strconv"
+	"strings"
+)
+
+// DefaultMaxSequence bounds how long an escape sequence may grow before the
+// parser stops waiting for its end, so a stray ESC ] never holds output back
+// without limit.
+const DefaultMaxSequence = 64 << 10
+
+// Event is one sequence found in the stream.
+type Event struct {
+	// Kind is the OSC 633 command: 'A' prompt start, 'B' prompt end, 'C'
+	// command output start, 'D' command finished, 'E' command line, 'P'
+	// property; or 'T' for a window title (OSC 0 or 2).
+	Kind byte
+	// ExitCode is D's exit code, nil when the shell gave none.
+	ExitCode *int
+	// CommandLine is E's command line, unescaped.
+	CommandLine string
+	// Key and Value are P's property, e.g. "Cwd" and "/tmp".
+	Key, Value string
+	// Title is a window title.
+	Title string
+	// Offset is where in Feed's output the sequence was.
+	Offset int
+}
+
+// Parser filters one terminal's output. It is not safe for concurrent use.
+type Parser struct {
+	nonce   string
+	max     int
+	pending []byte // an escape sequence whose end has not arrived yet
+}
+
+// NewParser returns a parser that trusts E sequences carrying nonce.
+func NewParser(nonce string) *Parser {
+	return &Parser{nonce: nonce, max: DefaultMaxSequence}
+}
+
+const (
+	esc = 0x1b
+	bel = 0x07
+)
+
+// Feed filters the next chunk of output. It returns the output without any
+// OSC 633 sequence, also one split across chunks, and the events found.
+// Other sequences pass through unchanged.
+func (p *Parser) Feed(data []byte) (out []byte, events []Event) {
+	buf := data
+	if len(p.pending) > 0 {
+		buf = append(p.pending, data...)
+		p.pending = nil
+	}
+	out = make([]byte, 0, len(buf))
+	i := 0
+	for i < len(buf) {
+		j := bytes.IndexByte(buf[i:], esc)
+		if j < 0 {
+			out = append(out, buf[i:]...)
+			break
+		}
+		out = append(out, buf[i:i+j]...)
+		i += j
+		if i+1 >= len(buf) {
+			p.pending = append([]byte(nil), buf[i:]...)
+			break
+		}
+		switch buf[i+1] {
+		case esc:
+			// ESC ESC: the second one starts over, as in a terminal.
+			i++
+			continue
+		case ']':
+		default:
+			// Another kind of sequence: ESC goes out with the byte after
+			// it, so nothing stripped later can join the two.
+			out = append(out, buf[i:i+2]...)
+			i += 2
+			continue
+		}
+		body, end, state := p.scan(buf, i+2)
+		switch state {
+		case incomplete:
+			p.pending = append([]byte(nil), buf[i:]...)
+			i = len(buf)
+			continue
+		case complete:
+			if ev, ok := p.event(body); ok {
+				ev.Offset = len(out)
+				events = append(events, ev)
+			}
+		}
+		// A sequence cut short is malformed; terminals drop it, and so
+		// does the parser, so that no part of one can join what follows
+		// into something that looks like OSC 633.
+		if state == complete && !bytes.HasPrefix(body, []byte("633;")) {
+			out = append(out, buf[i:end]...)
+		}
+		i = end
+	}
+	return out, events
+}
+
+type scanState int
+
+const (
+	incomplete scanState = iota // the end has not arrived yet
+	complete                    // ended by BEL or ESC \
+	aborted                     // cut short by another ESC or by the length bound
+)
+
+// scan finds the end of an OSC body starting at from. It returns the body,
+// the index just past the sequence, and how it ended.
+func (p *Parser) scan(buf []byte, from int) ([]byte, int, scanState) {
+	limit := from + p.max
+	for k := from; k < len(buf); k++ {
+		if k >= limit {
+			return buf[from:k], k, aborted
+		}
+		switch buf[k] {
+		case bel:
+			return buf[from:k], k + 1, complete
+		case esc:
+			if k+1 >= len(buf) {
+				return nil, 0, incomplete
+			}
+			if buf[k+1] == '\\' {
+				return buf[from:k], k + 2, complete
+			}
+			// Another sequence starts: this one is cut off there.
+			return buf[from:k], k, aborted
+		}
+	}
+	if len(buf) >= limit {
+		return buf[from:limit], limit, aborted
+	}
+	return nil, 0, incomplete
+}
+
+// event decodes a complete OSC body.
+func (p *Parser) event(body []byte) (Event, bool) {
+	s := string(body)
+	if t, ok := strings.CutPrefix(s, "0;"); ok {
+		return Event{Kind: 'T', Title: t}, true
+	}
+	if t, ok := strings.CutPrefix(s, "2;"); ok {
+		return Event{Kind: 'T', Title: t}, true
+	}
+	rest, ok := strings.CutPrefix(s, "633;")
+	if !ok || rest == "" {
+		return Event{}, false
+	}
+	kind, args := rest[0], ""
+	if len(rest) > 1 {
+		if rest[1] != ';' {
+			return Event{}, false
+		}
+		args = rest[2:]
+	}
+	switch kind {
+	case 'A', 'B', 'C':
+		return Event{Kind: kind}, true
+	case 'D':
+		ev := Event{Kind: 'D'}
+		if args != "" {
+			n, err := strconv.Atoi(args)
+			if err != nil {
+				return Event{}, false
+			}
+			ev.ExitCode = &n
+		}
+		return ev, true
+	case 'E':
+		line, nonce, _ := strings.Cut(args, ";")
+		if p.nonce == "" || nonce != p.nonce {
+			return Event{}, false
+		}
+		return Event{Kind: 'E', CommandLine: unescape(line)}, true
+	case 'P':
+		k, v, ok := strings.Cut(args, "=")
+		if !ok || k == "" {
+			return Event{}, false
+		}
+		return Event{Kind: 'P', Key: k, Value: unescape(v)}, true
+	}
+	return Event{}, false
+}
+
+// unescape undoes the shell integration's escaping: \\ for a backslash and
+// \xHH for a byte (\x3b for ';').
+func unescape(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+1 < len(s) {
+			if s[i+1] == '\\' {
+				b.WriteByte('\\')
+				i++
+				continue
+			}
+			if s[i+1] == 'x' && i+3 < len(s) {
+				if n, err := strconv.ParseUint(s[i+2:i+4], 16, 8); err == nil {
+					b.WriteByte(byte(n))
+					i += 3
+					continue
+				}
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}

@@ -1,0 +1,114 @@
+package osc633
+
+import (
+	"bytes"
+	"reflect"
+	"testing"
+)
+
+func ptr(n int) *int { return &n }
+
+func TestParser(t *testing.T) {
+	const nonce = "n0nce"
+	tests := []struct {
+		name   string
+		in     string
+		out    string
+		events []Event
+	}{
+		{"plain text", "hello\r\n", "hello\r\n", nil},
+		{"prompt markers", "\x1b]633;A\x07$ \x1b]633;B\x07", "$ ", []Event{{Kind: 'A'}, {Kind: 'B', Offset: 2}}},
+		{"ST terminator", "a\x1b]633;C\x1b\\b", "ab", []Event{{Kind: 'C', Offset: 1}}},
+		{"exit code", "\x1b]633;D;3\x07", "", []Event{{Kind: 'D', ExitCode: ptr(3)}}},
+		{"D without code", "\x1b]633;D\x07", "", []Event{{Kind: 'D'}}},
+		{"D with garbage code", "\x1b]633;D;x\x07", "", nil},
+		{"command line with nonce", "\x1b]633;E;cd /tmp \\x3b echo hi\\\\;n0nce\x07", "", []Event{{Kind: 'E', CommandLine: `cd /tmp ; echo hi\`}}},
+		{"UTF-8 command line", "\x1b]633;E;echo héllo ✓;n0nce\x07", "", []Event{{Kind: 'E', CommandLine: "echo héllo ✓"}}},
+		{"wrong nonce is ignored and stripped", "x\x1b]633;E;rm -rf /;evil\x07y", "xy", nil},
+		{"missing nonce is ignored", "\x1b]633;E;ls\x07", "", nil},
+		{"cwd property", "\x1b]633;P;Cwd=/tmp\x07", "", []Event{{Kind: 'P', Key: "Cwd", Value: "/tmp"}}},
+		{"unknown 633 command is stripped", "\x1b]633;Z;q\x07ok", "ok", nil},
+		{"title passes through", "\x1b]0;my title\x07$ ", "\x1b]0;my title\x07$ ", []Event{{Kind: 'T', Title: "my title"}}},
+		{"title 2", "\x1b]2;t2\x1b\\", "\x1b]2;t2\x1b\\", []Event{{Kind: 'T', Title: "t2"}}},
+		{"other OSC passes through", "\x1b]7;file:///x\x07", "\x1b]7;file:///x\x07", nil},
+		{"CSI passes through", "\x1b[31mred\x1b[0m", "\x1b[31mred\x1b[0m", nil},
+		{"633 cut off by another sequence", "\x1b]633;A\x1b[0m", "\x1b[0m", nil},
+		{"OSC cut off by a 633", "\x1b]0;ti\x1b]633;B\x07", "", []Event{{Kind: 'B'}}},
+		{"lone ESC does not join text", "\x1b\x1b]633;\a]633;", "]633;", nil},
+		{"cut-off sequence does not join text", "\x1b]\x1b]633;\a633;", "633;", nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := NewParser(nonce)
+			out, events := p.Feed([]byte(tc.in))
+			if string(out) != tc.out {
+				t.Errorf("out = %q, want %q", out, tc.out)
+			}
+			if !reflect.DeepEqual(events, tc.events) {
+				t.Errorf("events = %+v, want %+v", events, tc.events)
+			}
+			// Split at every byte: the same result.
+			for cut := 0; cut <= len(tc.in); cut++ {
+				out, events := feedChunks(NewParser(nonce), []byte(tc.in), cut)
+				if string(out) != tc.out || !reflect.DeepEqual(events, tc.events) {
+					t.Errorf("split at %d: out %q events %+v", cut, out, events)
+				}
+			}
+		})
+	}
+}
+
+// feedChunks feeds in[:cut] then in[cut:], with offsets made absolute.
+func feedChunks(p *Parser, in []byte, cut int) ([]byte, []Event) {
+	var out []byte
+	var events []Event
+	for _, chunk := range [][]byte{in[:cut], in[cut:]} {
+		o, ev := p.Feed(chunk)
+		for _, e := range ev {
+			e.Offset += len(out)
+			events = append(events, e)
+		}
+		out = append(out, o...)
+	}
+	return out, events
+}
+
+func TestUnterminatedSequenceIsBounded(t *testing.T) {
+	p := NewParser("n")
+	p.max = 16
+	out, _ := p.Feed([]byte("\x1b]633;E;" + string(bytes.Repeat([]byte("x"), 100)) + "\x07after"))
+	if bytes.Contains(out, []byte("\x1b]633;")) || !bytes.HasSuffix(out, []byte("after")) {
+		t.Errorf("out = %q", out)
+	}
+	if len(p.pending) != 0 {
+		t.Errorf("pending = %d bytes", len(p.pending))
+	}
+	p.Feed([]byte("\x1b]0;" + string(bytes.Repeat([]byte("y"), 1000))))
+	if len(p.pending) > 16+2 {
+		t.Errorf("pending grew to %d bytes", len(p.pending))
+	}
+}
+
+func FuzzParser(f *testing.F) {
+	for _, s := range []string{
+		"\x1b]633;A\x07$ \x1b]633;B\x07", "\x1b]633;E;ls\\x3b;n\x07", "\x1b]0;t\x1b\\", "\x1b\x1b]633;C\x07",
+		"\x1b]63\x1b]633;D;1\x07", "\x1b]633;P;Cwd=/\x07", "\x1b]", "\x1b", "plain",
+	} {
+		f.Add([]byte(s), uint16(3))
+	}
+	f.Fuzz(func(t *testing.T, in []byte, cut uint16) {
+		c := int(cut) % (len(in) + 1)
+		whole := NewParser("n")
+		whole.max = 32
+		out, events := whole.Feed(in)
+		if bytes.Contains(out, []byte("\x1b]633;")) {
+			t.Fatalf("output keeps an OSC 633 sequence: %q", out)
+		}
+		split := NewParser("n")
+		split.max = 32
+		out2, events2 := feedChunks(split, in, c)
+		if !bytes.Equal(out, out2) || !reflect.DeepEqual(events, events2) {
+			t.Fatalf("split at %d differs:\n%q %+v\n%q %+v", c, out, events, out2, events2)
+		}
+	})
+}
