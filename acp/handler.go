@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 
@@ -293,6 +294,28 @@ func (t *Terminals) Prepare(spec sandbox.SessionSpec) {
 	t.sessions[spec.ID] = struct{}{}
 	t.mu.Unlock()
 	t.m.OpenAsync(t.key(spec.ID), spec)
+}
+
+// SessionFor returns the connection's open session whose workspace holds
+// dir, so that a shared terminal runs where the agent works; with none, a
+// session of its own ("ahp") in the served workspace.
+func (t *Terminals) SessionFor(ctx context.Context, dir string) (*sandbox.Session, error) {
+	t.mu.Lock()
+	ids := make([]string, 0, len(t.sessions))
+	for id := range t.sessions {
+		ids = append(ids, id)
+	}
+	t.mu.Unlock()
+	slices.Sort(ids)
+	for _, id := range ids {
+		if s, err := t.m.Get(ctx, t.key(id)); err == nil && sandbox.Within(s.Workspace(), dir) {
+			return s, nil
+		}
+	}
+	if err := t.checkWorkspace("cwd", dir); err != nil {
+		return nil, err
+	}
+	return t.open(ctx, "ahp", sandbox.SessionSpec{ID: "ahp", Workspace: t.workspace}, false)
 }
 
 // Session returns the connection's open session with the given id.

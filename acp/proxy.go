@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/sourcegraph/jsonrpc2"
 
@@ -638,7 +637,7 @@ func (w *watch) send(final bool) error {
 		w.tail = nil
 		if !final {
 			// Hold back a character cut in half; the rest of it comes next.
-			if cut := incompleteTail(data); cut > 0 {
+			if cut := sandbox.IncompleteTail(data); cut > 0 {
 				w.tail = append([]byte(nil), data[len(data)-cut:]...)
 				data = data[:len(data)-cut]
 			}
@@ -667,20 +666,4 @@ func (w *watch) send(final bool) error {
 		"method":  "session/update",
 		"params":  map[string]any{"sessionId": w.sessionID, "update": update},
 	})
-}
-
-// incompleteTail returns how many bytes at the end of p begin a UTF-8
-// character that is not complete yet.
-func incompleteTail(p []byte) int {
-	for i := 1; i <= utf8.UTFMax-1 && i <= len(p); i++ {
-		c := p[len(p)-i]
-		if !utf8.RuneStart(c) {
-			continue
-		}
-		if !utf8.FullRune(p[len(p)-i:]) {
-			return i
-		}
-		return 0
-	}
-	return 0
 }

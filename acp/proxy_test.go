@@ -49,26 +49,6 @@ func TestRewriteInitialize(t *testing.T) {
 	}
 }
 
-func TestIncompleteTail(t *testing.T) {
-	tests := []struct {
-		in   string
-		want int
-	}{
-		{"", 0},
-		{"abc", 0},
-		{"ab\xc3", 1},
-		{"ab\xc3\xa9", 0},
-		{"\xe2\x9c", 2},
-		{"x\xf0\x9f\x98", 3},
-		{"x\xf0\x9f\x98\x80", 0},
-	}
-	for _, tc := range tests {
-		if got := incompleteTail([]byte(tc.in)); got != tc.want {
-			t.Errorf("incompleteTail(%q) = %d, want %d", tc.in, got, tc.want)
-		}
-	}
-}
-
 func TestRewriteUpdateLeavesOtherUpdatesAlone(t *testing.T) {
 	p := &Proxy{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	for _, line := range []string{

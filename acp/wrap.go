@@ -27,7 +27,7 @@ type Agent struct {
 // Proxy until one side ends. It returns the agent's exit code (128+n for a
 // signal) when the agent ended, and 0 when the editor did; the caller then
 // closes the manager, which removes every container of the wrap.
-func Wrap(ctx context.Context, m *sandbox.Manager, editor io.ReadWriteCloser, agent Agent, workspace string, log *slog.Logger) (int, error) {
+func Wrap(ctx context.Context, terms *Terminals, editor io.ReadWriteCloser, agent Agent, log *slog.Logger) (int, error) {
 	if len(agent.Argv) == 0 {
 		return 0, errors.New("no agent command given")
 	}
@@ -55,8 +55,8 @@ func Wrap(ctx context.Context, m *sandbox.Manager, editor io.ReadWriteCloser, ag
 
 	// Editors usually start the agent in the project they open a session
 	// for: have that session's container running before it is asked for.
-	m.KeepSpare(sandbox.SessionSpec{ID: "spare", Workspace: workspace})
-	p := NewProxy(NewTerminals(m, "wrap", workspace), editor, pipe{stdout, stdin}, log)
+	terms.m.KeepSpare(sandbox.SessionSpec{ID: "spare", Workspace: terms.workspace})
+	p := NewProxy(terms, editor, pipe{stdout, stdin}, log)
 	ended := make(chan error, 1)
 	go func() { ended <- p.Run(ctx) }()
 	var why error

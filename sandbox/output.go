@@ -143,3 +143,19 @@ func cutToRuneStart(p []byte) []byte {
 	}
 	return p
 }
+
+// IncompleteTail returns how many bytes at the end of p begin a UTF-8
+// character that is not complete yet, for streams that must not split a
+// character between two messages.
+func IncompleteTail(p []byte) int {
+	for i := 1; i <= utf8.UTFMax-1 && i <= len(p); i++ {
+		if !utf8.RuneStart(p[len(p)-i]) {
+			continue
+		}
+		if !utf8.FullRune(p[len(p)-i:]) {
+			return i
+		}
+		return 0
+	}
+	return 0
+}

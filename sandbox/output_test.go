@@ -144,3 +144,23 @@ func TestOutputBufferSince(t *testing.T) {
 		t.Errorf("Since(0) after wrap = %q", d)
 	}
 }
+
+func TestIncompleteTail(t *testing.T) {
+	tests := []struct {
+		in   string
+		want int
+	}{
+		{"", 0},
+		{"abc", 0},
+		{"ab\xc3", 1},
+		{"ab\xc3\xa9", 0},
+		{"\xe2\x9c", 2},
+		{"x\xf0\x9f\x98", 3},
+		{"x\xf0\x9f\x98\x80", 0},
+	}
+	for _, tc := range tests {
+		if got := IncompleteTail([]byte(tc.in)); got != tc.want {
+			t.Errorf("IncompleteTail(%q) = %d, want %d", tc.in, got, tc.want)
+		}
+	}
+}

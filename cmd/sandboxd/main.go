@@ -164,6 +164,8 @@ func (c *common) setup(ctx context.Context, stderr io.Writer, log *slog.Logger, 
 	return m, nil
 }
 
+func parseSize(v string) (int64, error) { return limits.ParseBytes(v) }
+
 func closeManager(m *sandbox.Manager, log *slog.Logger) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -178,6 +180,8 @@ func cmdServe(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	var c common
 	c.register(fs, "info")
 	listen := fs.String("listen", "stdio", "where to serve ACP: stdio, or unix:PATH")
+	var ah ahpFlags
+	ah.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -198,6 +202,14 @@ func cmdServe(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	if err != nil {
 		return err
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	waitAHP, err := ah.start(ctx, acp.NewTerminals(m, "ahp", workspace), workspace, log, stderr)
+	if err != nil {
+		return err
+	}
+	defer waitAHP()
+	defer cancel()
 	switch {
 	case *listen == "stdio":
 		log.Info("serving ACP on stdio")

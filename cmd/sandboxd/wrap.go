@@ -16,6 +16,8 @@ func cmdWrap(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	var c common
 	c.register(fs, "info")
 	grace := fs.Duration("agent-grace", 5*time.Second, "how long the agent has between SIGTERM and SIGKILL when the editor goes away")
+	var ah ahpFlags
+	ah.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return 0, err
 	}
@@ -40,5 +42,14 @@ func cmdWrap(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	if wd, err := os.Getwd(); err == nil {
 		agent.Dir = wd
 	}
-	return acp.Wrap(ctx, m, stdio{stdin, stdout}, agent, workspace, log)
+	terms := acp.NewTerminals(m, "wrap", workspace)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	waitAHP, err := ah.start(ctx, terms, workspace, log, stderr)
+	if err != nil {
+		return 0, err
+	}
+	defer waitAHP()
+	defer cancel()
+	return acp.Wrap(ctx, terms, stdio{stdin, stdout}, agent, log)
 }

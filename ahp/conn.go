@@ -1,0 +1,283 @@
+package ahp
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+
+	"github.com/coder/websocket"
+)
+
+// conn is one client connection.
+type conn struct {
+	s  *Server
+	ws *websocket.Conn
+
+	mu       sync.Mutex
+	clientID string
+	subs     map[string]bool
+
+	// out queues messages for the writer; a client that cannot keep up is
+	// disconnected rather than allowed to grow memory.
+	out       chan []byte
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+func (c *conn) subscribed(channel string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.subs[channel]
+}
+
+func (c *conn) send(msg []byte) {
+	select {
+	case c.out <- msg:
+	case <-c.done:
+	default:
+		c.s.log.Warn("ahp client too slow; disconnecting", "client", c.clientID)
+		c.close()
+	}
+}
+
+func (c *conn) close() {
+	c.closeOnce.Do(func() { close(c.done) })
+}
+
+func (c *conn) run(ctx context.Context) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		for {
+			select {
+			case msg := <-c.out:
+				if err := c.ws.Write(ctx, websocket.MessageText, msg); err != nil {
+					c.close()
+					return
+				}
+			case <-c.done:
+				c.ws.Close(websocket.StatusGoingAway, "closing")
+				return
+			}
+		}
+	}()
+	defer c.close()
+	for {
+		typ, data, err := c.ws.Read(ctx)
+		if err != nil {
+			return
+		}
+		if typ != websocket.MessageText {
+			c.reply(nil, nil, &rpcError{Code: codeInvalidRequest, Message: "messages are JSON-RPC in text frames"})
+			continue
+		}
+		c.handle(ctx, data)
+	}
+}
+
+type rpcError struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+func (c *conn) reply(id json.RawMessage, result any, rerr *rpcError) {
+	if id == nil {
+		id = json.RawMessage("null")
+	}
+	m := map[string]any{"jsonrpc": "2.0", "id": id}
+	if rerr != nil {
+		m["error"] = rerr
+	} else {
+		m["result"] = result
+	}
+	b, _ := json.Marshal(m)
+	c.send(b)
+}
+
+func invalid(format string, args ...any) *rpcError {
+	return &rpcError{Code: codeInvalidParams, Message: fmt.Sprintf(format, args...)}
+}
+
+func (c *conn) handle(ctx context.Context, data []byte) {
+	var m struct {
+		ID     json.RawMessage `json:"id"`
+		Method string          `json:"method"`
+		Params json.RawMessage `json:"params"`
+	}
+	if err := json.Unmarshal(data, &m); err != nil {
+		c.reply(nil, nil, &rpcError{Code: codeParse, Message: "parse error: " + err.Error()})
+		return
+	}
+	isRequest := len(m.ID) > 0 && string(m.ID) != "null"
+	var res any
+	var rerr *rpcError
+	switch m.Method {
+	case "initialize":
+		res, rerr = c.initialize(m.Params)
+	case "ping":
+		res = struct{}{}
+	case "subscribe":
+		res, rerr = c.subscribe(m.Params)
+	case "unsubscribe":
+		var p struct {
+			Channel string `json:"channel"`
+		}
+		json.Unmarshal(m.Params, &p)
+		c.mu.Lock()
+		delete(c.subs, p.Channel)
+		c.mu.Unlock()
+	case "createTerminal":
+		res, rerr = c.s.createTerminal(ctx, m.Params)
+	case "disposeTerminal":
+		res, rerr = c.s.disposeTerminal(ctx, m.Params)
+	case "dispatchAction":
+		c.dispatch(m.Params)
+	case "reconnect":
+		res, rerr = c.reconnect(m.Params)
+	default:
+		rerr = &rpcError{Code: codeMethodNotFound, Message: "method not found: " + m.Method}
+	}
+	if isRequest {
+		if rerr == nil && res == nil {
+			res = json.RawMessage("null")
+		}
+		c.reply(m.ID, res, rerr)
+	}
+}
+
+func (c *conn) initialize(params json.RawMessage) (any, *rpcError) {
+	var p struct {
+		ProtocolVersions     []string `json:"protocolVersions"`
+		ClientID             string   `json:"clientId"`
+		InitialSubscriptions []string `json:"initialSubscriptions"`
+	}
+	if err := json.Unmarshal(params, &p); err != nil {
+		return nil, invalid("initialize: %v", err)
+	}
+	if p.ClientID == "" {
+		return nil, invalid("initialize: clientId is required")
+	}
+	version := ""
+	for _, v := range p.ProtocolVersions {
+		if supported(v) {
+			version = v
+			break
+		}
+	}
+	if version == "" {
+		return nil, &rpcError{Code: codeUnsupportedProto, Message: fmt.Sprintf("none of the protocol versions %v is spoken here (0.4.0, 0.3.0)", p.ProtocolVersions)}
+	}
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c.mu.Lock()
+	c.clientID = p.ClientID
+	c.mu.Unlock()
+	snaps := []any{}
+	for _, ch := range p.InitialSubscriptions {
+		if snap, ok := s.snapshotLocked(ch); ok {
+			c.mu.Lock()
+			c.subs[ch] = true
+			c.mu.Unlock()
+			snaps = append(snaps, snap)
+		}
+	}
+	return map[string]any{"protocolVersion": version, "serverSeq": s.seq, "snapshots": snaps, "defaultDirectory": fileURI(s.cfg.Workspace)}, nil
+}
+
+func supported(v string) bool { return v == "0.4.0" || v == "0.3.0" }
+
+func (c *conn) subscribe(params json.RawMessage) (any, *rpcError) {
+	var p struct {
+		Channel string `json:"channel"`
+	}
+	if err := json.Unmarshal(params, &p); err != nil || p.Channel == "" {
+		return nil, invalid("subscribe: channel is required")
+	}
+	s := c.s
+	// Under the server lock, so that no action falls between the snapshot
+	// and the subscription.
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	snap, ok := s.snapshotLocked(p.Channel)
+	if !ok {
+		return nil, invalid("subscribe: unknown channel %q", p.Channel)
+	}
+	c.mu.Lock()
+	c.subs[p.Channel] = true
+	c.mu.Unlock()
+	return map[string]any{"snapshot": snap}, nil
+}
+
+func (c *conn) reconnect(params json.RawMessage) (any, *rpcError) {
+	var p struct {
+		ClientID          string   `json:"clientId"`
+		LastSeenServerSeq int64    `json:"lastSeenServerSeq"`
+		Subscriptions     []string `json:"subscriptions"`
+	}
+	if err := json.Unmarshal(params, &p); err != nil || p.ClientID == "" {
+		return nil, invalid("reconnect: clientId, lastSeenServerSeq and subscriptions are required")
+	}
+	s := c.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c.mu.Lock()
+	c.clientID = p.ClientID
+	missing := []string{}
+	live := map[string]bool{}
+	for _, ch := range p.Subscriptions {
+		if _, ok := s.snapshotLocked(ch); ok {
+			c.subs[ch] = true
+			live[ch] = true
+		} else {
+			missing = append(missing, ch)
+		}
+	}
+	c.mu.Unlock()
+	oldest := s.seq + 1
+	if len(s.replay) > 0 {
+		oldest = s.replay[0].ServerSeq
+	}
+	if p.LastSeenServerSeq+1 >= oldest && p.LastSeenServerSeq <= s.seq {
+		actions := []Envelope{}
+		for _, env := range s.replay {
+			if env.ServerSeq > p.LastSeenServerSeq && live[env.Channel] {
+				actions = append(actions, env)
+			}
+		}
+		return map[string]any{"type": "replay", "actions": actions, "missing": missing}, nil
+	}
+	snaps := []any{}
+	for ch := range live {
+		snap, _ := s.snapshotLocked(ch)
+		snaps = append(snaps, snap)
+	}
+	return map[string]any{"type": "snapshot", "snapshots": snaps}, nil
+}
+
+// dispatch handles a client's action: it takes effect and is echoed to
+// every subscriber, or it is echoed to the client alone with the reason it
+// was rejected.
+func (c *conn) dispatch(params json.RawMessage) {
+	var p struct {
+		Channel   string `json:"channel"`
+		ClientSeq int64  `json:"clientSeq"`
+		Action    Action `json:"action"`
+	}
+	if err := json.Unmarshal(params, &p); err != nil {
+		c.s.log.Debug("bad dispatchAction", "err", err)
+		return
+	}
+	c.mu.Lock()
+	origin := &Origin{ClientID: c.clientID, ClientSeq: p.ClientSeq}
+	c.mu.Unlock()
+	reason := c.s.apply(p.Channel, p.Action, origin)
+	if reason == "" {
+		return
+	}
+	c.s.mu.Lock()
+	env := Envelope{Channel: p.Channel, Action: p.Action, ServerSeq: c.s.seq, Origin: origin, RejectionReason: reason}
+	c.s.mu.Unlock()
+	c.send(notification("action", env))
+}

@@ -1,0 +1,284 @@
+package ahp
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/coder/websocket"
+
+	"github.com/sandboxd/sandboxd/sandbox"
+)
+
+// RootURI is the root channel.
+const RootURI = "ahp-root://"
+
+// Error codes of the protocol.
+const (
+	codeParse            = -32700
+	codeInvalidRequest   = -32600
+	codeMethodNotFound   = -32601
+	codeInvalidParams    = -32602
+	codeInternal         = -32603
+	codeAlreadyExists    = -32003
+	codeUnsupportedProto = -32005
+	codeAuthRequired     = -32007
+)
+
+// SessionFor returns the session whose container a terminal with working
+// directory dir runs in.
+type SessionFor func(ctx context.Context, dir string) (*sandbox.Session, error)
+
+// Config configures a Server.
+type Config struct {
+	// Token is the bearer token every connection must present, in an
+	// Authorization header or a token query parameter.
+	Token string
+	// Origins are the browser origins allowed besides the server's own
+	// host, as host patterns (e.g. "localhost:3000").
+	Origins []string
+	// MaxContent bounds the content a terminal's state holds, in bytes.
+	MaxContent int
+	// ReplayActions is how many recent actions reconnect can replay.
+	ReplayActions int
+	// Workspace is the default working directory of new terminals.
+	Workspace string
+	Sessions  SessionFor
+}
+
+// Server serves the AHP terminal channel over WebSocket.
+type Server struct {
+	cfg Config
+	log *slog.Logger
+	ctx context.Context
+
+	mu     sync.Mutex
+	seq    int64
+	root   RootState
+	terms  map[string]*terminal
+	conns  map[*conn]struct{}
+	replay []Envelope
+	wg     sync.WaitGroup
+}
+
+// Envelope carries an action on a channel.
+type Envelope struct {
+	Channel         string  `json:"channel"`
+	Action          Action  `json:"action"`
+	ServerSeq       int64   `json:"serverSeq"`
+	Origin          *Origin `json:"origin,omitempty"`
+	RejectionReason string  `json:"rejectionReason,omitempty"`
+}
+
+// Origin names the client that dispatched an action.
+type Origin struct {
+	ClientID  string `json:"clientId"`
+	ClientSeq int64  `json:"clientSeq"`
+}
+
+// NewServer returns a server; ctx bounds the terminals it runs.
+func NewServer(ctx context.Context, cfg Config, log *slog.Logger) *Server {
+	if cfg.MaxContent <= 0 {
+		cfg.MaxContent = 1 << 20
+	}
+	if cfg.ReplayActions <= 0 {
+		cfg.ReplayActions = 4096
+	}
+	return &Server{
+		cfg:   cfg,
+		log:   log,
+		ctx:   ctx,
+		root:  RootState{Agents: json.RawMessage("[]")},
+		terms: make(map[string]*terminal),
+		conns: make(map[*conn]struct{}),
+	}
+}
+
+// NewToken makes a bearer token and writes it to file, readable by its
+// owner only.
+func NewToken(file string) (string, error) {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	token := hex.EncodeToString(b)
+	if err := os.MkdirAll(filepath.Dir(file), 0o700); err != nil {
+		return "", fmt.Errorf("write token: %w", err)
+	}
+	os.Remove(file)
+	if err := os.WriteFile(file, []byte(token+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("write token: %w", err)
+	}
+	return token, nil
+}
+
+// Listen serves on addr until ctx ends. It returns the address it listens
+// on through ready, once it does.
+func (s *Server) Listen(ctx context.Context, addr string, ready func(net.Addr)) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("ahp listen %s: %w", addr, err)
+	}
+	if ready != nil {
+		ready(ln.Addr())
+	}
+	srv := &http.Server{Handler: s}
+	go func() {
+		<-ctx.Done()
+		srv.Close()
+	}()
+	err = srv.Serve(ln)
+	s.Close()
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// Close disposes every terminal.
+func (s *Server) Close() {
+	s.mu.Lock()
+	terms := make([]*terminal, 0, len(s.terms))
+	for _, t := range s.terms {
+		terms = append(terms, t)
+	}
+	s.mu.Unlock()
+	for _, t := range terms {
+		t.dispose(context.WithoutCancel(s.ctx))
+	}
+	s.wg.Wait()
+}
+
+func (s *Server) authorized(r *http.Request) bool {
+	got := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if got == "" {
+		got = r.URL.Query().Get("token")
+	}
+	return s.cfg.Token != "" && subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.Token)) == 1
+}
+
+// ServeHTTP upgrades to WebSocket. A browser origin that is not allowed is
+// refused at the handshake; a wrong token gets AuthRequired to its first
+// request and the connection closes.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{OriginPatterns: s.cfg.Origins})
+	if err != nil {
+		s.log.Warn("ahp handshake refused", "remote", r.RemoteAddr, "origin", r.Header.Get("Origin"), "err", err)
+		return
+	}
+	ws.SetReadLimit(8 << 20)
+	ctx := r.Context()
+	if !s.authorized(r) {
+		s.log.Warn("ahp connection without a valid token", "remote", r.RemoteAddr)
+		_, data, err := ws.Read(ctx)
+		if err == nil {
+			var m struct {
+				ID json.RawMessage `json:"id"`
+			}
+			json.Unmarshal(data, &m)
+			if len(m.ID) > 0 {
+				b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": m.ID, "error": map[string]any{"code": codeAuthRequired, "message": "authentication required: present the token sandboxd wrote at start"}})
+				ws.Write(ctx, websocket.MessageText, b)
+			}
+		}
+		ws.Close(websocket.StatusPolicyViolation, "authentication required")
+		return
+	}
+	c := &conn{s: s, ws: ws, subs: make(map[string]bool), out: make(chan []byte, 1024), done: make(chan struct{})}
+	s.mu.Lock()
+	s.conns[c] = struct{}{}
+	s.mu.Unlock()
+	c.run(ctx)
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+}
+
+// emit applies an action to its channel's state, numbers it and sends it to
+// every subscriber, all under one lock, so every client sees the same
+// actions in the same order.
+func (s *Server) emit(channel string, a Action, origin *Origin) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.emitLocked(channel, a, origin)
+}
+
+func (s *Server) emitLocked(channel string, a Action, origin *Origin) {
+	if channel == RootURI {
+		s.root = ReduceRoot(s.root, a)
+	} else if t, ok := s.terms[channel]; ok {
+		t.state = ReduceTerminal(t.state, a)
+		if a.Type == "terminal/data" {
+			TrimContent(&t.state, s.cfg.MaxContent)
+		}
+	} else {
+		return
+	}
+	s.seq++
+	env := Envelope{Channel: channel, Action: a, ServerSeq: s.seq, Origin: origin}
+	if len(s.replay) >= s.cfg.ReplayActions {
+		s.replay = slices.Delete(s.replay, 0, len(s.replay)/4+1)
+	}
+	s.replay = append(s.replay, env)
+	msg := notification("action", env)
+	for c := range s.conns {
+		if c.subscribed(channel) {
+			c.send(msg)
+		}
+	}
+}
+
+// terminalsChanged publishes the terminal catalogue. s.mu must be held.
+func (s *Server) terminalsChangedLocked() {
+	list := make([]TerminalInfo, 0, len(s.terms))
+	for uri, t := range s.terms {
+		list = append(list, TerminalInfo{Resource: uri, Title: t.state.Title, Claim: t.state.Claim, ExitCode: t.state.ExitCode})
+	}
+	slices.SortFunc(list, func(a, b TerminalInfo) int { return strings.Compare(a.Resource, b.Resource) })
+	s.emitLocked(RootURI, Action{Type: "root/terminalsChanged", Terminals: list}, nil)
+}
+
+// snapshot returns a channel's state. s.mu must be held.
+func (s *Server) snapshotLocked(channel string) (map[string]any, bool) {
+	var state any
+	if channel == RootURI {
+		state = s.root
+	} else if t, ok := s.terms[channel]; ok {
+		state = t.state
+	} else {
+		return nil, false
+	}
+	return map[string]any{"resource": channel, "state": state, "fromSeq": s.seq}, true
+}
+
+func notification(method string, params any) []byte {
+	b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "method": method, "params": params})
+	return b
+}
+
+// pathOf turns a file URI (or a plain absolute path) into a path.
+func pathOf(uri string) (string, error) {
+	if strings.HasPrefix(uri, "/") {
+		return filepath.Clean(uri), nil
+	}
+	u, err := url.Parse(uri)
+	if err != nil || u.Scheme != "file" || !filepath.IsAbs(u.Path) {
+		return "", fmt.Errorf("cwd %q is not a file URI with an absolute path", uri)
+	}
+	return filepath.Clean(u.Path), nil
+}
+
+func fileURI(path string) string { return (&url.URL{Scheme: "file", Path: path}).String() }

@@ -1,0 +1,53 @@
+package ahp
+
+// ShellIntegration is the bash script injected into every terminal's shell
+// as its rc file. It marks prompts (OSC 633 A and B), the command line and
+// its start (E with the terminal's nonce, then C), its end with the exit
+// code (D) and the working directory (P;Cwd=). The nonce comes from
+// SANDBOXD_NONCE, which it removes from the environment, so a program in the
+// terminal cannot forge command lines.
+const ShellIntegration = `unset SANDBOXD_SHELL_INTEGRATION
+__sbx_nonce=$SANDBOXD_NONCE
+unset SANDBOXD_NONCE
+HISTCONTROL=
+HISTFILE=
+__sbx_ready=0
+__sbx_running=0
+__sbx_esc() {
+	local s=${1//\\/\\\\}
+	s=${s//;/\\x3b}
+	s=${s//$'\n'/\\x0a}
+	printf '%s' "$s"
+}
+__sbx_prompt() {
+	local code=$?
+	if [ "$__sbx_running" = 1 ]; then
+		printf '\033]633;D;%s\007' "$code"
+		__sbx_running=0
+	fi
+	printf '\033]633;P;Cwd=%s\007' "$(__sbx_esc "$PWD")"
+	__sbx_ready=1
+	return $code
+}
+__sbx_preexec() {
+	[ "$__sbx_ready" = 1 ] || return
+	case $BASH_COMMAND in __sbx_*) return ;; esac
+	__sbx_ready=0
+	local line
+	line=$(HISTTIMEFORMAT= builtin history 1)
+	[[ $line =~ ^[[:space:]]*[0-9]+[*[:space:]]+(.*)$ ]] && line=${BASH_REMATCH[1]}
+	printf '\033]633;E;%s;%s\007\033]633;C\007' "$(__sbx_esc "$line")" "$__sbx_nonce"
+	__sbx_running=1
+}
+PS1='\[\033]633;A\007\]\w\$ \[\033]633;B\007\]'
+PROMPT_COMMAND=__sbx_prompt
+trap '__sbx_preexec' DEBUG
+`
+
+// shellLauncher starts bash with ShellIntegration as its rc file when the
+// image has bash, and a plain sh otherwise (no command detection then).
+const shellLauncher = `if command -v bash >/dev/null 2>&1; then
+	exec bash -c 'exec bash --noprofile --rcfile <(printf "%s" "$SANDBOXD_SHELL_INTEGRATION") -i'
+fi
+unset SANDBOXD_SHELL_INTEGRATION SANDBOXD_NONCE
+exec sh -i`

@@ -1,0 +1,304 @@
+package ahp
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/sandboxd/sandboxd/ahp/osc633"
+	"github.com/sandboxd/sandboxd/sandbox"
+)
+
+// terminal is one PTY exec in a session container, with the state the
+// server keeps for its channel (guarded by the server's lock).
+type terminal struct {
+	uri     string
+	s       *Server
+	session *sandbox.Session
+	t       *sandbox.Terminal
+	state   TerminalState
+
+	// Read by the pump goroutine only.
+	parser    *osc633.Parser
+	detecting bool
+	line      string
+	cmdID     int
+	started   time.Time
+	running   bool
+	carry     []byte // a character cut in half at the end of a read
+}
+
+// ptyOutputLimit bounds what a terminal's exec buffers between two reads of
+// the pump.
+const ptyOutputLimit = 1 << 20
+
+func (s *Server) createTerminal(ctx context.Context, params json.RawMessage) (any, *rpcError) {
+	var p struct {
+		Channel string `json:"channel"`
+		Claim   *Claim `json:"claim"`
+		Name    string `json:"name"`
+		Cwd     string `json:"cwd"`
+		Cols    uint   `json:"cols"`
+		Rows    uint   `json:"rows"`
+	}
+	if err := json.Unmarshal(params, &p); err != nil {
+		return nil, invalid("createTerminal: %v", err)
+	}
+	if p.Channel == "" || p.Channel == RootURI {
+		return nil, invalid("createTerminal: channel must be a terminal URI")
+	}
+	if p.Claim == nil || (p.Claim.Kind != "client" && p.Claim.Kind != "session") {
+		return nil, invalid("createTerminal: claim must be a client or session claim")
+	}
+	dir := s.cfg.Workspace
+	if p.Cwd != "" {
+		var err error
+		if dir, err = pathOf(p.Cwd); err != nil {
+			return nil, invalid("createTerminal: %v", err)
+		}
+	}
+	s.mu.Lock()
+	if _, ok := s.terms[p.Channel]; ok {
+		s.mu.Unlock()
+		return nil, &rpcError{Code: codeAlreadyExists, Message: fmt.Sprintf("terminal %s already exists", p.Channel)}
+	}
+	// Reserve the URI while the exec starts.
+	t := &terminal{uri: p.Channel, s: s}
+	s.terms[p.Channel] = t
+	s.mu.Unlock()
+	fail := func(e *rpcError) (any, *rpcError) {
+		s.mu.Lock()
+		delete(s.terms, p.Channel)
+		s.mu.Unlock()
+		return nil, e
+	}
+	sess, err := s.cfg.Sessions(ctx, dir)
+	if err != nil {
+		return fail(&rpcError{Code: codeInternal, Message: fmt.Sprintf("createTerminal: %v", err)})
+	}
+	nonce := make([]byte, 16)
+	rand.Read(nonce)
+	t.parser = osc633.NewParser(hex.EncodeToString(nonce))
+	cols, rows := max(p.Cols, 1), max(p.Rows, 1)
+	if p.Cols == 0 || p.Rows == 0 {
+		cols, rows = 80, 24
+	}
+	limit := int64(ptyOutputLimit)
+	run, err := sess.Start(ctx, sandbox.Command{
+		Command: "/bin/sh", Args: []string{"-c", shellLauncher},
+		Env: []sandbox.EnvVar{
+			{Name: "SANDBOXD_SHELL_INTEGRATION", Value: ShellIntegration},
+			{Name: "SANDBOXD_NONCE", Value: hex.EncodeToString(nonce)},
+			{Name: "TERM", Value: "xterm-256color"},
+		},
+		Cwd: dir, TTY: true, Cols: cols, Rows: rows, OutputLimit: &limit,
+	})
+	if err != nil {
+		return fail(invalid("createTerminal: %v", err))
+	}
+	title := p.Name
+	if title == "" {
+		title = "bash"
+	}
+	s.mu.Lock()
+	t.session, t.t = sess, run
+	t.state = TerminalState{Title: title, Cwd: fileURI(dir), Cols: int(cols), Rows: int(rows), Content: []ContentPart{}, Claim: *p.Claim}
+	s.terminalsChangedLocked()
+	s.mu.Unlock()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		t.pump()
+	}()
+	return nil, nil
+}
+
+func (s *Server) disposeTerminal(ctx context.Context, params json.RawMessage) (any, *rpcError) {
+	var p struct {
+		Channel string `json:"channel"`
+	}
+	if err := json.Unmarshal(params, &p); err != nil || p.Channel == "" {
+		return nil, invalid("disposeTerminal: channel is required")
+	}
+	s.mu.Lock()
+	t, ok := s.terms[p.Channel]
+	s.mu.Unlock()
+	if !ok || t.t == nil {
+		return nil, invalid("disposeTerminal: unknown terminal %q", p.Channel)
+	}
+	if err := t.dispose(ctx); err != nil {
+		return nil, &rpcError{Code: codeInternal, Message: err.Error()}
+	}
+	return nil, nil
+}
+
+// dispose kills the terminal's processes and removes it.
+func (t *terminal) dispose(ctx context.Context) error {
+	s := t.s
+	s.mu.Lock()
+	if s.terms[t.uri] != t {
+		s.mu.Unlock()
+		return nil
+	}
+	delete(s.terms, t.uri)
+	s.terminalsChangedLocked()
+	s.mu.Unlock()
+	if t.t == nil {
+		return nil
+	}
+	if err := t.session.Release(ctx, t.t.ID); err != nil {
+		return fmt.Errorf("dispose terminal %s: %w", t.uri, err)
+	}
+	return nil
+}
+
+// apply carries out a client's action on a channel and returns why it was
+// rejected, or "" when it took effect.
+func (s *Server) apply(channel string, a Action, origin *Origin) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t, ok := s.terms[channel]
+	if !ok || t.t == nil {
+		return fmt.Sprintf("unknown terminal %q", channel)
+	}
+	switch a.Type {
+	case "terminal/input":
+		// Writing to the PTY may block while its program does not read:
+		// not under the lock.
+		s.mu.Unlock()
+		err := t.t.Input([]byte(a.Data))
+		s.mu.Lock()
+		if err != nil {
+			return err.Error()
+		}
+	case "terminal/resized":
+		if a.Cols <= 0 || a.Rows <= 0 || a.Cols > 10000 || a.Rows > 10000 {
+			return "cols and rows must be between 1 and 10000"
+		}
+		if err := t.t.Resize(s.ctx, uint(a.Cols), uint(a.Rows)); err != nil {
+			return err.Error()
+		}
+	case "terminal/claimed":
+		if a.Claim == nil {
+			return "claim is required"
+		}
+		cur := t.state.Claim
+		if cur.Kind != "client" || cur.ClientID != origin.ClientID {
+			return fmt.Sprintf("only the holder of the claim may change it (held by %s %s%s)", cur.Kind, cur.ClientID, cur.Session)
+		}
+	case "terminal/titleChanged", "terminal/cleared":
+	default:
+		return fmt.Sprintf("%s cannot be dispatched by a client", a.Type)
+	}
+	s.emitLocked(channel, a, origin)
+	if a.Type == "terminal/claimed" || a.Type == "terminal/titleChanged" {
+		s.terminalsChangedLocked()
+	}
+	return ""
+}
+
+// pump turns the exec's output into actions: data with the shell
+// integration's sequences stripped, and the command, cwd and title events
+// they carried.
+func (t *terminal) pump() {
+	s := t.s
+	buf := t.t.Buffer()
+	var offset int64
+	for {
+		changed := buf.Changed()
+		data, next := buf.Since(offset)
+		offset = next
+		if len(data) > 0 {
+			t.process(data)
+			continue
+		}
+		if t.t.Exited() {
+			if data, _ := buf.Since(offset); len(data) > 0 {
+				continue
+			}
+			if len(t.carry) > 0 {
+				t.process(nil)
+			}
+			_, _, st := t.t.Output()
+			a := Action{Type: "terminal/exited"}
+			if st != nil && st.ExitCode != nil {
+				a.ExitCode = st.ExitCode
+			}
+			s.emit(t.uri, a, nil)
+			s.mu.Lock()
+			if s.terms[t.uri] == t {
+				s.terminalsChangedLocked()
+			}
+			s.mu.Unlock()
+			return
+		}
+		select {
+		case <-changed:
+		case <-t.t.Done():
+		case <-s.ctx.Done():
+			return
+		}
+	}
+}
+
+func (t *terminal) process(data []byte) {
+	data = append(t.carry, data...)
+	t.carry = nil
+	if cut := sandbox.IncompleteTail(data); cut > 0 && !t.t.Exited() {
+		t.carry = append([]byte(nil), data[len(data)-cut:]...)
+		data = data[:len(data)-cut]
+	}
+	out, events := t.parser.Feed(data)
+	from := 0
+	for _, ev := range events {
+		if ev.Offset > from {
+			t.s.emit(t.uri, Action{Type: "terminal/data", Data: string(out[from:ev.Offset])}, nil)
+			from = ev.Offset
+		}
+		t.event(ev)
+	}
+	if from < len(out) {
+		t.s.emit(t.uri, Action{Type: "terminal/data", Data: string(out[from:])}, nil)
+	}
+}
+
+func (t *terminal) event(ev osc633.Event) {
+	s := t.s
+	if ev.Kind != 'T' && !t.detecting {
+		t.detecting = true
+		s.emit(t.uri, Action{Type: "terminal/commandDetectionAvailable"}, nil)
+	}
+	switch ev.Kind {
+	case 'E':
+		t.line = ev.CommandLine
+	case 'C':
+		t.cmdID++
+		t.started = time.Now()
+		t.running = true
+		s.emit(t.uri, Action{Type: "terminal/commandExecuted", CommandID: "cmd-" + strconv.Itoa(t.cmdID), CommandLine: t.line, Timestamp: t.started.UnixMilli()}, nil)
+		t.line = ""
+	case 'D':
+		if !t.running {
+			return
+		}
+		t.running = false
+		d := time.Since(t.started).Milliseconds()
+		s.emit(t.uri, Action{Type: "terminal/commandFinished", CommandID: "cmd-" + strconv.Itoa(t.cmdID), ExitCode: ev.ExitCode, DurationMs: &d}, nil)
+	case 'P':
+		if ev.Key == "Cwd" && len(ev.Value) > 0 && ev.Value[0] == '/' {
+			uri := fileURI(ev.Value)
+			s.mu.Lock()
+			same := s.terms[t.uri] == t && t.state.Cwd == uri
+			s.mu.Unlock()
+			if !same {
+				s.emit(t.uri, Action{Type: "terminal/cwdChanged", Cwd: uri}, nil)
+			}
+		}
+	case 'T':
+		s.emit(t.uri, Action{Type: "terminal/titleChanged", Title: ev.Title}, nil)
+	}
+}

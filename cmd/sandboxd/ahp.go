@@ -1,0 +1,78 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/sandboxd/sandboxd/acp"
+	"github.com/sandboxd/sandboxd/ahp"
+)
+
+// ahpFlags are the flags of the AHP terminal channel, on serve and wrap.
+type ahpFlags struct {
+	listen    string
+	tokenFile string
+	origins   stringList
+	maxBytes  string
+}
+
+type stringList []string
+
+func (l *stringList) String() string     { return strings.Join(*l, ",") }
+func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
+
+func (a *ahpFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&a.listen, "ahp-listen", "", "serve the AHP terminal channel over WebSocket on `addr`, e.g. 127.0.0.1:7681")
+	fs.StringVar(&a.tokenFile, "ahp-token-file", "", "where to write the AHP bearer token (default: the user cache directory's sandboxd/ahp-token)")
+	fs.Var(&a.origins, "ahp-origin", "a browser origin host allowed to connect, e.g. localhost:3000 (repeatable)")
+	fs.StringVar(&a.maxBytes, "ahp-max-content", "1MiB", "content kept per terminal")
+}
+
+// start serves AHP in the background when --ahp-listen is set. Terminals
+// run in terms' sessions.
+func (a *ahpFlags) start(ctx context.Context, terms *acp.Terminals, workspace string, log *slog.Logger, stderr io.Writer) (wait func(), err error) {
+	if a.listen == "" {
+		return func() {}, nil
+	}
+	max, err := parseSize(a.maxBytes)
+	if err != nil {
+		return nil, usageError{fmt.Errorf("--ahp-max-content: %w", err)}
+	}
+	file := a.tokenFile
+	if file == "" {
+		dir, err := os.UserCacheDir()
+		if err != nil {
+			dir = os.TempDir()
+		}
+		file = filepath.Join(dir, "sandboxd", "ahp-token")
+	}
+	token, err := ahp.NewToken(file)
+	if err != nil {
+		return nil, err
+	}
+	srv := ahp.NewServer(ctx, ahp.Config{Token: token, Origins: a.origins, MaxContent: int(max), Workspace: workspace, Sessions: terms.SessionFor}, log.With("ahp", a.listen))
+	ready := make(chan error, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		err := srv.Listen(ctx, a.listen, func(addr net.Addr) {
+			fmt.Fprintf(stderr, "sandboxd: AHP terminal channel on ws://%s/ (bearer token in %s)\n", addr, file)
+			ready <- nil
+		})
+		if err != nil {
+			ready <- err
+			log.Error("ahp", "err", err)
+		}
+	}()
+	if err := <-ready; err != nil {
+		return nil, err
+	}
+	return func() { <-done }, nil
+}

@@ -1,0 +1,329 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// ahpServer is `sandboxd serve --ahp-listen` with its address and token.
+type ahpServer struct {
+	srv   *server
+	url   string
+	token string
+}
+
+var ahpAddr = regexp.MustCompile(`AHP terminal channel on ws://([^/]+)/ \(bearer token in ([^)]+)\)`)
+
+func startAHP(t testing.TB, ws string, extra ...string) *ahpServer {
+	t.Helper()
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	srv := startServe(t, ws, append([]string{"--ahp-listen", "127.0.0.1:0", "--ahp-token-file", tokenFile}, extra...)...)
+	var m []string
+	eventually(t, "AHP address on stderr", 60*time.Second, func() bool {
+		m = ahpAddr.FindStringSubmatch(srv.stderr.String())
+		return m != nil
+	})
+	fi, err := os.Stat(m[2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("token file mode = %o, want 600", fi.Mode().Perm())
+	}
+	tok, err := os.ReadFile(m[2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &ahpServer{srv: srv, url: "ws://" + m[1] + "/", token: strings.TrimSpace(string(tok))}
+}
+
+// ahpClient is a WebSocket client speaking AHP.
+type ahpClient struct {
+	t  testing.TB
+	ws *websocket.Conn
+
+	mu      sync.Mutex
+	nextID  int
+	replies map[int]chan rawReply
+	actions []json.RawMessage // action envelopes, in arrival order
+	changed chan struct{}
+}
+
+func dialAHP(t testing.TB, a *ahpServer, header http.Header) (*ahpClient, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if header == nil {
+		header = http.Header{"Authorization": {"Bearer " + a.token}}
+	}
+	ws, _, err := websocket.Dial(ctx, a.url, &websocket.DialOptions{HTTPHeader: header})
+	if err != nil {
+		return nil, err
+	}
+	ws.SetReadLimit(64 << 20)
+	c := &ahpClient{t: t, ws: ws, replies: map[int]chan rawReply{}, changed: make(chan struct{})}
+	go c.read()
+	t.Cleanup(func() { ws.Close(websocket.StatusNormalClosure, "") })
+	return c, nil
+}
+
+func (c *ahpClient) read() {
+	for {
+		_, data, err := c.ws.Read(context.Background())
+		if err != nil {
+			return
+		}
+		var m struct {
+			ID     *int            `json:"id"`
+			Method string          `json:"method"`
+			Params json.RawMessage `json:"params"`
+		}
+		json.Unmarshal(data, &m)
+		c.mu.Lock()
+		if m.ID != nil {
+			var r rawReply
+			json.Unmarshal(data, &r)
+			if ch, ok := c.replies[*m.ID]; ok {
+				ch <- r
+			}
+		} else if m.Method == "action" {
+			c.actions = append(c.actions, m.Params)
+			close(c.changed)
+			c.changed = make(chan struct{})
+		}
+		c.mu.Unlock()
+	}
+}
+
+func (c *ahpClient) call(method string, params any) rawReply {
+	c.t.Helper()
+	c.mu.Lock()
+	c.nextID++
+	id := c.nextID
+	ch := make(chan rawReply, 1)
+	c.replies[id] = ch
+	c.mu.Unlock()
+	b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+	if err := c.ws.Write(context.Background(), websocket.MessageText, b); err != nil {
+		c.t.Fatalf("%s: %v", method, err)
+	}
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(60 * time.Second):
+		c.t.Fatalf("%s: no reply", method)
+	}
+	return rawReply{}
+}
+
+func (c *ahpClient) notify(method string, params any) {
+	b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "method": method, "params": params})
+	if err := c.ws.Write(context.Background(), websocket.MessageText, b); err != nil {
+		c.t.Fatalf("%s: %v", method, err)
+	}
+}
+
+type envelope struct {
+	Channel   string `json:"channel"`
+	ServerSeq int64  `json:"serverSeq"`
+	Action    struct {
+		Type        string `json:"type"`
+		Data        string `json:"data"`
+		Cwd         string `json:"cwd"`
+		CommandLine string `json:"commandLine"`
+		CommandID   string `json:"commandId"`
+		ExitCode    *int   `json:"exitCode"`
+		DurationMs  *int64 `json:"durationMs"`
+		Claim       any    `json:"claim"`
+	} `json:"action"`
+	RejectionReason string `json:"rejectionReason"`
+}
+
+func (c *ahpClient) envelopes() []envelope {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]envelope, len(c.actions))
+	for i, raw := range c.actions {
+		json.Unmarshal(raw, &out[i])
+	}
+	return out
+}
+
+// data returns all terminal/data of a channel so far, joined.
+func (c *ahpClient) data(channel string) string {
+	var b strings.Builder
+	for _, e := range c.envelopes() {
+		if e.Channel == channel && e.Action.Type == "terminal/data" {
+			b.WriteString(e.Action.Data)
+		}
+	}
+	return b.String()
+}
+
+func (c *ahpClient) initialize(id string) {
+	c.t.Helper()
+	r := c.call("initialize", map[string]any{"channel": "ahp-root://", "protocolVersions": []string{"0.4.0"}, "clientId": id, "initialSubscriptions": []string{"ahp-root://"}})
+	if r.Error != nil {
+		c.t.Fatalf("initialize: %+v", r.Error)
+	}
+}
+
+func (c *ahpClient) input(channel, text string, seq int) {
+	c.notify("dispatchAction", map[string]any{"channel": channel, "clientSeq": seq, "action": map[string]any{"type": "terminal/input", "data": text}})
+}
+
+func TestAHPTerminal(t *testing.T) {
+	ws := workspace(t)
+	a := startAHP(t, ws)
+	c, err := dialAHP(t, a, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.initialize("client-1")
+	const term = "ahp-terminal:/t1"
+	r := c.call("createTerminal", map[string]any{"channel": term, "claim": map[string]any{"kind": "client", "clientId": "client-1"}, "name": "main", "cwd": "file://" + ws, "cols": 100, "rows": 30})
+	if r.Error != nil {
+		t.Fatalf("createTerminal: %+v", r.Error)
+	}
+	if r := c.call("subscribe", map[string]any{"channel": term}); r.Error != nil {
+		t.Fatalf("subscribe: %+v", r.Error)
+	}
+	// A second client sees the same actions in the same order.
+	c2, err := dialAHP(t, a, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2.initialize("client-2")
+	c2.call("subscribe", map[string]any{"channel": term})
+
+	eventually(t, "prompt", 60*time.Second, func() bool { return strings.Contains(c.data(term), "$ ") })
+	c.input(term, "cd /tmp && echo hi; (exit 3)\r", 1)
+	var finished envelope
+	eventually(t, "command finished", 60*time.Second, func() bool {
+		for _, e := range c.envelopes() {
+			if e.Action.Type == "terminal/commandFinished" {
+				finished = e
+				return true
+			}
+		}
+		return false
+	})
+	if finished.Action.ExitCode == nil || *finished.Action.ExitCode != 3 || finished.Action.DurationMs == nil {
+		t.Errorf("commandFinished = %+v, want exit code 3 and a duration", finished.Action)
+	}
+	var executed, cwd bool
+	for _, e := range c.envelopes() {
+		switch e.Action.Type {
+		case "terminal/commandExecuted":
+			executed = e.Action.CommandLine == "cd /tmp && echo hi; (exit 3)" && e.Action.CommandID == finished.Action.CommandID
+		case "terminal/cwdChanged":
+			cwd = cwd || e.Action.Cwd == "file:///tmp"
+		}
+	}
+	if !executed || !cwd {
+		t.Errorf("commandExecuted with the line: %v; cwdChanged to /tmp: %v", executed, cwd)
+	}
+	if d := c.data(term); !strings.Contains(d, "hi\r\n") || strings.Contains(d, "\x1b]633") {
+		t.Errorf("data = %q: want hi and no OSC 633", d)
+	}
+
+	// Resize, then the PTY reports the new size.
+	c.notify("dispatchAction", map[string]any{"channel": term, "clientSeq": 2, "action": map[string]any{"type": "terminal/resized", "cols": 120, "rows": 40}})
+	c.input(term, "stty size\r", 3)
+	eventually(t, "stty size shows 40 120", 60*time.Second, func() bool { return strings.Contains(c.data(term), "40 120\r\n") })
+
+	// A client without the claim cannot change it.
+	c2.notify("dispatchAction", map[string]any{"channel": term, "clientSeq": 1, "action": map[string]any{"type": "terminal/claimed", "claim": map[string]any{"kind": "client", "clientId": "client-2"}}})
+	eventually(t, "rejected claim", 30*time.Second, func() bool {
+		for _, e := range c2.envelopes() {
+			if e.Action.Type == "terminal/claimed" && e.RejectionReason != "" {
+				return true
+			}
+		}
+		return false
+	})
+	for _, e := range c.envelopes() {
+		if e.Action.Type == "terminal/claimed" {
+			t.Errorf("the other client saw a claim change: %+v", e)
+		}
+	}
+
+	// Both clients saw the same terminal actions in the same order.
+	c.input(term, "echo done\r", 4)
+	eventually(t, "second client sees done", 60*time.Second, func() bool {
+		return strings.Contains(c2.data(term), "done\r\n") && strings.Contains(c.data(term), "done\r\n")
+	})
+	seqs := func(c *ahpClient) []string {
+		var s []string
+		for _, e := range c.envelopes() {
+			if e.Channel == term && e.RejectionReason == "" && e.ServerSeq > 0 {
+				s = append(s, fmt.Sprintf("%d:%s", e.ServerSeq, e.Action.Type))
+			}
+		}
+		return s
+	}
+	s1, s2 := seqs(c), seqs(c2)
+	// c2 subscribed a little later; from its first action on, the two agree.
+	if len(s2) == 0 || !strings.Contains(strings.Join(s1, " "), strings.Join(s2[:len(s2)/2], " ")) {
+		t.Errorf("clients disagree:\n%v\n%v", s1, s2)
+	}
+	var last int64
+	for _, e := range c.envelopes() {
+		if e.RejectionReason == "" && e.ServerSeq <= last {
+			t.Fatalf("serverSeq not increasing: %d after %d", e.ServerSeq, last)
+		}
+		if e.RejectionReason == "" {
+			last = e.ServerSeq
+		}
+	}
+
+	// Dispose leaves no process of the terminal in the container.
+	c.input(term, "sleep 312\r", 5)
+	eventually(t, "sleep started", 30*time.Second, func() bool {
+		for _, e := range c.envelopes() {
+			if e.Action.Type == "terminal/commandExecuted" && e.Action.CommandLine == "sleep 312" {
+				return true
+			}
+		}
+		return false
+	})
+	if r := c.call("disposeTerminal", map[string]any{"channel": term}); r.Error != nil {
+		t.Fatalf("dispose: %+v", r.Error)
+	}
+	ids := containersOf(t, a.srv.cmd.Process.Pid)
+	if len(ids) != 1 {
+		t.Fatalf("containers = %v", ids)
+	}
+	out, _ := exec.Command("docker", "exec", ids[0], "ps", "-o", "args").CombinedOutput()
+	if strings.Contains(string(out), "sleep 312") || strings.Contains(string(out), "bash") {
+		t.Errorf("processes left after dispose:\n%s", out)
+	}
+}
+
+func TestAHPRefusesWrongTokenAndForeignOrigin(t *testing.T) {
+	ws := workspace(t)
+	a := startAHP(t, ws)
+	c, err := dialAHP(t, a, http.Header{"Authorization": {"Bearer wrong"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := c.call("initialize", map[string]any{"channel": "ahp-root://", "protocolVersions": []string{"0.4.0"}, "clientId": "x"})
+	if r.Error == nil || r.Error.Code != -32007 {
+		t.Errorf("wrong token: %+v, want AuthRequired -32007", r.Error)
+	}
+	_, err = dialAHP(t, a, http.Header{"Authorization": {"Bearer " + a.token}, "Origin": {"https://evil.example"}})
+	if err == nil || !strings.Contains(err.Error(), "403") {
+		t.Errorf("foreign origin: err = %v, want a refused handshake (403)", err)
+	}
+}
