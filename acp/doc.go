@@ -1,3 +1,4 @@
-// Package acp serves the Agent Client Protocol terminal methods over
-// newline-delimited JSON-RPC 2.0, backed by sandbox sessions.
+// Package acp speaks the Agent Client Protocol for sandboxd: it serves the
+// terminal methods over newline-delimited JSON-RPC 2.0, backed by sandbox
+// sessions, and proxies between an editor and the agent it starts.
 package acp

@@ -10,15 +10,25 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/sourcegraph/jsonrpc2"
 
 	"github.com/sandboxd/sandboxd/sandbox"
 )
 
-// refreshInterval bounds how often live terminal output is pushed to the
-// editor.
-const refreshInterval = 100 * time.Millisecond
+const (
+	// refreshInterval bounds how often a watch pushes live terminal
+	// output to the editor.
+	refreshInterval = 100 * time.Millisecond
+	// displayLimit bounds the text shown for one terminal in a tool call:
+	// the editor re-renders it on every refresh, and the agent reads the
+	// whole output through terminal/output anyway.
+	displayLimit = 64 << 10
+	// maxEmbedded bounds how many terminals shown in tool calls the proxy
+	// keeps readable after the agent released them.
+	maxEmbedded = 256
+)
 
 // Proxy relays ACP between an editor and an agent, byte for byte, except
 // that it tells the agent the client supports terminals, answers the
@@ -26,24 +36,50 @@ const refreshInterval = 100 * time.Millisecond
 // container for every session the agent opens, and shows embedded terminals
 // to the editor, which never created them, as live output.
 type Proxy struct {
-	terms  *Terminals
-	editor *LineStream // reads the editor's messages, writes to the editor
-	agent  *LineStream // reads the agent's messages, writes to the agent
-	log    *slog.Logger
+	terms *Terminals
+	// defaults are the image, network and limits of every session.
+	defaults sandbox.SessionSpec
+	editor   *LineStream // reads the editor's messages, writes to the editor
+	agent    *LineStream // reads the agent's messages, writes to the agent
+	log      *slog.Logger
+	ctx      context.Context // set by Run; background work ends with it
 
-	mu sync.Mutex
-	// sessionCalls are editor requests whose answer names a session:
-	// session/new, session/load, session/resume, session/close.
+	// updates is held while a session/update that shows terminals is
+	// rewritten and written, and while a watch renders and writes a
+	// refresh: the editor never sees a refresh before the tool call it
+	// refreshes, nor a stale one after the agent replaced the content.
+	updates sync.Mutex
+
+	mu      sync.Mutex
+	closing bool
+	wg      sync.WaitGroup
+	// sessionCalls are editor requests whose answer opens or ends a
+	// session, by request id.
 	sessionCalls map[string]sessionCall
 	// agentCalls are the agent's terminal requests in flight, by id, so a
 	// $/cancel_request for one of them stops it here.
 	agentCalls map[string]context.CancelFunc
+	// specs are the sessions the proxy prepared, to start their container
+	// again when it failed to start or was closed for being idle.
+	specs map[string]sandbox.SessionSpec
 	// editorMeta is true when the editor renders terminals from the
 	// terminal_info/terminal_output/terminal_exit _meta of tool calls.
 	editorMeta bool
-	watches    map[string]*watch // by session and tool call, or terminal
-	wg         sync.WaitGroup
-	ctx        context.Context
+	// textWatches refresh tool calls whose terminals are shown as text;
+	// metaWatches stream terminals announced with terminal_info.
+	textWatches map[toolCallKey]*watch
+	metaWatches map[termKey]*watch
+	// embedded are the terminals shown in tool calls, oldest first in
+	// embedOrder, readable after release.
+	embedded   map[termKey]*embeddedTerminal
+	embedOrder []termKey
+}
+
+type embeddedTerminal struct {
+	t *sandbox.Terminal
+	// announced is true once the editor got the terminal's terminal_info
+	// and so knows its id.
+	announced bool
 }
 
 type sessionCall struct {
@@ -51,16 +87,26 @@ type sessionCall struct {
 	params json.RawMessage
 }
 
+type toolCallKey struct{ session, toolCall string }
+
+type termKey struct{ session, terminal string }
+
 // NewProxy returns a proxy between an editor and an agent connection.
-func NewProxy(terms *Terminals, editor, agent io.ReadWriteCloser, log *slog.Logger) *Proxy {
+// Sessions get their image, network and limits from defaults.
+func NewProxy(terms *Terminals, defaults sandbox.SessionSpec, editor, agent io.ReadWriteCloser, log *slog.Logger) *Proxy {
 	return &Proxy{
 		terms:        terms,
+		defaults:     defaults,
 		editor:       NewLineStream(editor, log),
 		agent:        NewLineStream(agent, log),
 		log:          log,
+		ctx:          context.Background(),
 		sessionCalls: make(map[string]sessionCall),
 		agentCalls:   make(map[string]context.CancelFunc),
-		watches:      make(map[string]*watch),
+		specs:        make(map[string]sandbox.SessionSpec),
+		textWatches:  make(map[toolCallKey]*watch),
+		metaWatches:  make(map[termKey]*watch),
+		embedded:     make(map[termKey]*embeddedTerminal),
 	}
 }
 
@@ -76,36 +122,64 @@ type message struct {
 func (m message) isRequest() bool  { return m.Method != "" && len(m.ID) > 0 && string(m.ID) != "null" }
 func (m message) isResponse() bool { return m.Method == "" && len(m.ID) > 0 }
 
-// Run relays until either side ends. It returns which side ended first:
-// errEditorClosed when the editor closed its end, errAgentClosed when the
-// agent did.
-func (p *Proxy) Run(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	p.ctx = ctx
-	ended := make(chan error, 2)
-	go func() { ended <- p.fromEditor(ctx) }()
-	go func() { ended <- p.fromAgent(ctx) }()
-	err := <-ended
-	cancel()
-	p.mu.Lock()
-	for _, c := range p.agentCalls {
-		c()
-	}
-	p.mu.Unlock()
-	p.wg.Wait()
-	return err
-}
-
 // ErrEditorClosed and ErrAgentClosed say which side ended a proxy.
 var (
 	ErrEditorClosed = errors.New("editor closed the connection")
 	ErrAgentClosed  = errors.New("agent closed the connection")
 )
 
-func (p *Proxy) fromEditor(ctx context.Context) error {
+// Run relays until either side ends or ctx is done, and returns why:
+// ErrEditorClosed, ErrAgentClosed or the context's error. Work in flight
+// (terminal requests, watches) is cancelled and waited for; the readers are
+// not, since a read from the editor cannot be interrupted: the caller ends
+// the process or closes the connections.
+func (p *Proxy) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	p.ctx = ctx
+	ended := make(chan error, 2)
+	go func() { ended <- p.fromEditor() }()
+	go func() { ended <- p.fromAgent() }()
+	var why error
+	select {
+	case why = <-ended:
+	case <-ctx.Done():
+		why = ctx.Err()
+	}
+	cancel()
+	p.mu.Lock()
+	p.closing = true
+	p.mu.Unlock()
+	p.wg.Wait()
+	return why
+}
+
+// background runs f in a goroutine that Run waits for, unless Run is
+// already ending.
+func (p *Proxy) background(f func()) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closing {
+		return false
+	}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		f()
+	}()
+	return true
+}
+
+// mayConcernProxy reports whether an editor line may be one of the
+// requests the proxy looks into; every other line is forwarded without
+// being decoded.
+func mayConcernProxy(line []byte) bool {
+	return containsAny(line, `"initialize"`, `"session/new"`, `"session/load"`, `"session/resume"`, `"session/close"`, `"session/delete"`)
+}
+
+func (p *Proxy) fromEditor() error {
 	for {
-		line, err := p.editor.ReadLine()
+		line, err := p.editor.readRaw()
 		if errors.Is(err, errTooLong) {
 			p.log.Warn("dropped an over-long message from the editor")
 			continue
@@ -116,30 +190,36 @@ func (p *Proxy) fromEditor(ctx context.Context) error {
 			}
 			return ErrEditorClosed
 		}
-		var m message
-		if json.Unmarshal(line, &m) == nil {
-			switch m.Method {
-			case "initialize":
-				if m.isRequest() {
-					line = p.rewriteInitialize(line)
-				}
-			case "session/new", "session/load", "session/resume", "session/close":
-				if m.isRequest() {
+		if mayConcernProxy(line) {
+			var m message
+			if json.Unmarshal(trimEOL(line), &m) == nil && m.isRequest() {
+				switch m.Method {
+				case "initialize":
+					if out := p.rewriteInitialize(trimEOL(line)); out != nil {
+						line = append(out, '\n')
+					}
+				case "session/new", "session/load", "session/resume", "session/close", "session/delete":
 					p.mu.Lock()
 					p.sessionCalls[string(m.ID)] = sessionCall{method: m.Method, params: m.Params}
 					p.mu.Unlock()
 				}
 			}
 		}
-		if err := p.agent.WriteLine(line); err != nil {
+		if err := p.agent.writeRaw(line); err != nil {
 			return ErrAgentClosed
 		}
 	}
 }
 
-func (p *Proxy) fromAgent(ctx context.Context) error {
+// mayNeedProxy reports whether an agent line may be one the proxy acts on:
+// a terminal request, a tool call that shows a terminal, a cancellation.
+func mayNeedProxy(line []byte) bool {
+	return containsAny(line, `"terminal`, `"$/cancel_request"`)
+}
+
+func (p *Proxy) fromAgent() error {
 	for {
-		line, err := p.agent.ReadLine()
+		line, err := p.agent.readRaw()
 		if errors.Is(err, errTooLong) {
 			p.log.Warn("dropped an over-long message from the agent")
 			continue
@@ -150,43 +230,104 @@ func (p *Proxy) fromAgent(ctx context.Context) error {
 			}
 			return ErrAgentClosed
 		}
+		body := trimEOL(line)
+		if !isObject(body) {
+			p.log.Warn("dropped a line from the agent that is not a JSON object", "line", truncate(body, 200))
+			continue
+		}
+		p.mu.Lock()
+		pending := len(p.sessionCalls) > 0
+		p.mu.Unlock()
+		if !pending && !mayNeedProxy(body) {
+			if err := p.editor.writeRaw(line); err != nil {
+				return ErrEditorClosed
+			}
+			continue
+		}
 		var m message
-		if err := json.Unmarshal(line, &m); err != nil {
-			p.log.Warn("dropped a line from the agent that is not JSON", "line", truncate(line, 200))
+		if err := json.Unmarshal(body, &m); err != nil {
+			p.log.Warn("dropped a message from the agent that is not JSON-RPC", "err", err, "line", truncate(body, 200))
 			continue
 		}
 		switch {
-		case m.isRequest() && IsTerminalMethod(m.Method):
-			p.answerTerminal(ctx, m)
+		case IsTerminalMethod(m.Method):
+			if m.isRequest() {
+				p.answerTerminal(m)
+			} else {
+				p.log.Warn("dropped a terminal notification from the agent", "method", m.Method)
+			}
 			continue
 		case m.Method == MethodCancel && p.cancelAgentCall(m.Params):
 			continue
 		case m.isResponse():
 			p.sessionAnswered(m)
-		case m.Method == "session/update":
-			line = p.rewriteUpdate(line, m.Params)
+		case m.Method == "session/update" && bytes.Contains(m.Params, []byte(`"terminal"`)):
+			p.updates.Lock()
+			if out := p.rewriteUpdate(body, m.Params); out != nil {
+				line = append(out, '\n')
+			}
+			err := p.editor.writeRaw(line)
+			p.updates.Unlock()
+			if err != nil {
+				return ErrEditorClosed
+			}
+			continue
 		}
-		if err := p.editor.WriteLine(line); err != nil {
+		if err := p.editor.writeRaw(line); err != nil {
 			return ErrEditorClosed
 		}
 	}
 }
 
+func containsAny(line []byte, subs ...string) bool {
+	for _, s := range subs {
+		if bytes.Contains(line, []byte(s)) {
+			return true
+		}
+	}
+	return false
+}
+
+// isObject reports whether line is one valid JSON object.
+func isObject(line []byte) bool {
+	t := bytes.TrimLeft(line, " \t\r\n")
+	return len(t) > 0 && t[0] == '{' && json.Valid(t)
+}
+
+func truncate(b []byte, n int) string {
+	if len(b) <= n {
+		return string(b)
+	}
+	return string(b[:n]) + "..."
+}
+
+// marshal is json.Marshal without HTML escaping: rewritten messages keep
+// "<", ">" and "&" as the peer wrote them.
+func marshal(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
+}
+
 // rewriteInitialize tells the agent the client supports terminals, and
 // remembers whether the editor renders terminal _meta. Every other field
-// stays as the editor wrote it.
+// stays as the editor wrote it. It returns nil when it cannot rewrite.
 func (p *Proxy) rewriteInitialize(line []byte) []byte {
 	var msg map[string]json.RawMessage
 	if json.Unmarshal(line, &msg) != nil {
-		return line
+		return nil
 	}
 	var params map[string]json.RawMessage
-	if json.Unmarshal(msg["params"], &params) != nil {
-		return line
+	if json.Unmarshal(msg["params"], &params) != nil || params == nil {
+		return nil
 	}
 	var caps map[string]json.RawMessage
-	if raw, ok := params["clientCapabilities"]; ok && json.Unmarshal(raw, &caps) != nil {
-		return line
+	if json.Unmarshal(params["clientCapabilities"], &caps) != nil && params["clientCapabilities"] != nil {
+		return nil
 	}
 	if caps == nil {
 		caps = map[string]json.RawMessage{}
@@ -201,51 +342,101 @@ func (p *Proxy) rewriteInitialize(line []byte) []byte {
 	}
 	caps["terminal"] = json.RawMessage("true")
 	var err error
-	if params["clientCapabilities"], err = json.Marshal(caps); err != nil {
-		return line
+	if params["clientCapabilities"], err = marshal(caps); err != nil {
+		return nil
 	}
-	if msg["params"], err = json.Marshal(params); err != nil {
-		return line
+	if msg["params"], err = marshal(params); err != nil {
+		return nil
 	}
-	out, err := json.Marshal(msg)
+	out, err := marshal(msg)
 	if err != nil {
-		return line
+		return nil
 	}
 	return out
 }
 
+// response is a JSON-RPC response the proxy writes to the agent.
+type response struct {
+	JSONRPC string          `json:"jsonrpc"`
+	ID      json.RawMessage `json:"id"`
+	Result  any             `json:"result,omitempty"`
+	Error   *jsonrpc2.Error `json:"error,omitempty"`
+}
+
 // answerTerminal answers a terminal request of the agent in the session's
 // container, in the background: wait_for_exit may take long.
-func (p *Proxy) answerTerminal(ctx context.Context, m message) {
+func (p *Proxy) answerTerminal(m message) {
 	key := string(m.ID)
-	rctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := context.WithCancel(p.ctx)
 	p.mu.Lock()
 	p.agentCalls[key] = cancel
 	p.mu.Unlock()
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		defer func() {
-			p.mu.Lock()
-			delete(p.agentCalls, key)
-			p.mu.Unlock()
-			cancel()
-		}()
-		res, err := p.terms.Handle(rctx, m.Method, m.Params)
-		reply := map[string]any{"jsonrpc": "2.0", "id": m.ID}
+	done := func() {
+		p.mu.Lock()
+		delete(p.agentCalls, key)
+		p.mu.Unlock()
+		cancel()
+	}
+	started := p.background(func() {
+		defer done()
+		reply := response{JSONRPC: "2.0", ID: m.ID}
+		res, err := p.handleTerminal(ctx, m)
 		if err != nil {
 			var re *jsonrpc2.Error
 			if !errors.As(err, &re) {
 				re = &jsonrpc2.Error{Code: CodeInternal, Message: err.Error()}
 			}
-			reply["error"] = re
+			reply.Error = re
 		} else {
-			reply["result"] = res
+			reply.Result = res
 		}
-		if err := p.agent.WriteObject(reply); err != nil {
+		b, err := marshal(reply)
+		if err == nil {
+			err = p.agent.WriteLine(b)
+		}
+		if err != nil {
 			p.log.Debug("reply to agent", "method", m.Method, "err", err)
 		}
-	}()
+	})
+	if !started {
+		done()
+	}
+}
+
+func (p *Proxy) handleTerminal(ctx context.Context, m message) (any, error) {
+	if m.Method == MethodCreate {
+		if err := p.ensureSession(ctx, m.Params); err != nil {
+			return nil, rpcError(ctx, err)
+		}
+	}
+	return p.terms.Handle(ctx, m.Method, m.Params)
+}
+
+// ensureSession starts the container of a session the proxy prepared again
+// when it is gone: its start failed (the agent then learns why), or the
+// manager closed it for being idle while the person was away.
+func (p *Proxy) ensureSession(ctx context.Context, params json.RawMessage) error {
+	var req struct {
+		SessionID string `json:"sessionId"`
+	}
+	if json.Unmarshal(params, &req) != nil {
+		return nil // Handle names the bad field
+	}
+	p.mu.Lock()
+	spec, ok := p.specs[req.SessionID]
+	p.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	_, err := p.terms.m.Get(ctx, p.terms.key(req.SessionID))
+	if err == nil || ctx.Err() != nil {
+		return nil
+	}
+	p.log.Info("starting the session's container again", "session", req.SessionID, "why", err)
+	if _, err := p.terms.open(ctx, req.SessionID, spec, false); err != nil {
+		return fmt.Errorf("start the container of session %s: %w", req.SessionID, err)
+	}
+	return nil
 }
 
 func (p *Proxy) cancelAgentCall(params json.RawMessage) bool {
@@ -265,13 +456,13 @@ func (p *Proxy) cancelAgentCall(params json.RawMessage) bool {
 }
 
 // sessionAnswered prepares the container of a session the agent opened,
-// loaded or resumed, and removes the container of one it closed.
+// loaded or resumed, and removes the container of one it closed or deleted.
 func (p *Proxy) sessionAnswered(m message) {
 	p.mu.Lock()
 	call, ok := p.sessionCalls[string(m.ID)]
 	delete(p.sessionCalls, string(m.ID))
 	p.mu.Unlock()
-	if !ok || len(m.Error) > 0 {
+	if !ok || (len(m.Error) > 0 && string(m.Error) != "null") {
 		return
 	}
 	var req struct {
@@ -282,17 +473,17 @@ func (p *Proxy) sessionAnswered(m message) {
 	if json.Unmarshal(call.params, &req) != nil {
 		return
 	}
-	if call.method == "session/close" {
-		if err := p.terms.CloseSession(p.ctx, req.SessionID); err != nil && rpcError(p.ctx, err).Code != CodeResourceMissing {
-			p.log.Warn("close session", "session", req.SessionID, "err", err)
-		}
+	switch call.method {
+	case "session/close", "session/delete":
+		// In the background: removing a container takes a while, and the
+		// agent's messages must keep flowing meanwhile.
+		p.background(func() { p.closeSession(req.SessionID) })
 		return
-	}
-	if call.method == "session/new" {
+	case "session/new":
 		var res struct {
 			SessionID string `json:"sessionId"`
 		}
-		if json.Unmarshal(m.Result, &res) != nil || res.SessionID == "" {
+		if json.Unmarshal(m.Result, &res) != nil {
 			return
 		}
 		req.SessionID = res.SessionID
@@ -300,92 +491,44 @@ func (p *Proxy) sessionAnswered(m message) {
 	if req.SessionID == "" || req.Cwd == "" {
 		return
 	}
-	p.terms.Prepare(sandbox.SessionSpec{ID: req.SessionID, Workspace: req.Cwd, ExtraDirs: req.Dirs})
-}
-
-func truncate(b []byte, n int) string {
-	if len(b) <= n {
-		return string(b)
-	}
-	return string(b[:n]) + "..."
-}
-
-// rewriteUpdate shows the editor the terminals embedded in a tool call. The
-// editor never created them, so their bare ids mean nothing to it: with
-// terminal _meta support the update gets terminal_info and output follows
-// as terminal_output/terminal_exit; without, each terminal item becomes a
-// text item holding its output, refreshed as output arrives.
-func (p *Proxy) rewriteUpdate(line []byte, params json.RawMessage) []byte {
-	if !bytes.Contains(params, []byte(`"terminal"`)) {
-		return line
-	}
-	var n struct {
-		SessionID string                     `json:"sessionId"`
-		Update    map[string]json.RawMessage `json:"update"`
-	}
-	if json.Unmarshal(params, &n) != nil || n.Update == nil {
-		return line
-	}
-	var kind, toolCallID string
-	json.Unmarshal(n.Update["sessionUpdate"], &kind)
-	json.Unmarshal(n.Update["toolCallId"], &toolCallID)
-	if (kind != "tool_call" && kind != "tool_call_update") || toolCallID == "" {
-		return line
-	}
-	var content []json.RawMessage
-	if json.Unmarshal(n.Update["content"], &content) != nil {
-		return line
-	}
-	var terms []*sandbox.Terminal
-	for _, item := range content {
-		var c struct {
-			Type       string `json:"type"`
-			TerminalID string `json:"terminalId"`
-		}
-		if json.Unmarshal(item, &c) != nil || c.Type != "terminal" {
-			continue
-		}
-		t := p.lookup(n.SessionID, c.TerminalID)
-		if t == nil {
-			p.log.Warn("tool call embeds an unknown terminal", "session", n.SessionID, "terminal", c.TerminalID)
-		}
-		terms = append(terms, t)
-	}
-	if len(terms) == 0 {
-		return line
-	}
+	spec := p.defaults
+	spec.ID, spec.Workspace, spec.ExtraDirs = req.SessionID, req.Cwd, req.Dirs
 	p.mu.Lock()
-	metaMode := p.editorMeta
+	p.specs[spec.ID] = spec
 	p.mu.Unlock()
-	var out []byte
-	if metaMode {
-		out = p.withTerminalInfo(n.SessionID, toolCallID, n.Update, terms)
-	} else {
-		out = p.withTextContent(n.SessionID, toolCallID, n.Update, content)
-	}
-	if out == nil {
-		return line
-	}
-	var msg map[string]json.RawMessage
-	if json.Unmarshal(line, &msg) != nil {
-		return line
-	}
-	var np map[string]json.RawMessage
-	if json.Unmarshal(msg["params"], &np) != nil {
-		return line
-	}
-	np["update"] = out
-	var err error
-	if msg["params"], err = json.Marshal(np); err != nil {
-		return line
-	}
-	if line, err = json.Marshal(msg); err != nil {
-		return line
-	}
-	return line
+	// Prepare reserves the session at once, so a terminal request that
+	// follows waits for the container instead of finding no session.
+	p.terms.Prepare(spec)
 }
 
+func (p *Proxy) closeSession(id string) {
+	p.mu.Lock()
+	delete(p.specs, id)
+	order := p.embedOrder[:0]
+	for _, k := range p.embedOrder {
+		if k.session == id {
+			delete(p.embedded, k)
+		} else {
+			order = append(order, k)
+		}
+	}
+	p.embedOrder = order
+	p.mu.Unlock()
+	err := p.terms.CloseSession(context.WithoutCancel(p.ctx), id)
+	if err != nil && rpcError(p.ctx, err).Code != CodeResourceMissing {
+		p.log.Warn("close session", "session", id, "err", err)
+	}
+}
+
+// lookup finds a terminal of a session, also one the agent released after
+// showing it in a tool call.
 func (p *Proxy) lookup(sessionID, terminalID string) *sandbox.Terminal {
+	p.mu.Lock()
+	e := p.embedded[termKey{sessionID, terminalID}]
+	p.mu.Unlock()
+	if e != nil {
+		return e.t
+	}
 	s, err := p.terms.Session(p.ctx, sessionID)
 	if err != nil {
 		return nil
@@ -397,149 +540,471 @@ func (p *Proxy) lookup(sessionID, terminalID string) *sandbox.Terminal {
 	return t
 }
 
-// withTerminalInfo adds _meta.terminal_info for the first terminal of the
-// update and starts streaming each terminal's output to the editor.
-func (p *Proxy) withTerminalInfo(sessionID, toolCallID string, update map[string]json.RawMessage, terms []*sandbox.Terminal) json.RawMessage {
-	var first *sandbox.Terminal
-	for _, t := range terms {
-		if t == nil {
-			continue
-		}
-		if first == nil {
-			first = t
-		}
-		p.watch("t\x00"+t.ID, func() *watch {
-			return &watch{p: p, sessionID: sessionID, toolCallID: toolCallID, term: t, meta: true}
-		})
-	}
-	if first == nil {
-		return nil
-	}
-	meta := map[string]json.RawMessage{}
-	if raw, ok := update["_meta"]; ok {
-		json.Unmarshal(raw, &meta)
-	}
-	info, _ := json.Marshal(map[string]string{"terminal_id": first.ID, "cwd": first.Command().Cwd})
-	meta["terminal_info"] = info
-	update["_meta"], _ = json.Marshal(meta)
-	out, err := json.Marshal(update)
-	if err != nil {
-		return nil
-	}
-	return out
-}
-
-// withTextContent replaces each terminal item by a text item with its
-// output so far, and keeps the tool call's content fresh from then on.
-func (p *Proxy) withTextContent(sessionID, toolCallID string, update map[string]json.RawMessage, content []json.RawMessage) json.RawMessage {
-	key := "c\x00" + sessionID + "\x00" + toolCallID
-	w := p.watch(key, func() *watch {
-		return &watch{p: p, sessionID: sessionID, toolCallID: toolCallID}
-	})
-	w.setContent(content)
-	items := w.render()
-	update["content"], _ = json.Marshal(items)
-	out, err := json.Marshal(update)
-	if err != nil {
-		return nil
-	}
-	return out
-}
-
-// watch returns the watch under key, starting a new one made by mk when
-// there is none.
-func (p *Proxy) watch(key string, mk func() *watch) *watch {
+// remember keeps a terminal shown in a tool call readable after release,
+// as the protocol asks ("the Client displays live output ... even after the
+// terminal is released"), forgetting the oldest finished ones beyond
+// maxEmbedded.
+func (p *Proxy) remember(sessionID string, t *sandbox.Terminal) {
+	k := termKey{sessionID, t.ID}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if w, ok := p.watches[key]; ok {
-		return w
+	if _, ok := p.embedded[k]; ok {
+		return
 	}
-	w := mk()
-	p.watches[key] = w
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		w.run(p.ctx)
-		p.mu.Lock()
-		delete(p.watches, key)
-		p.mu.Unlock()
-	}()
-	return w
+	p.embedded[k] = &embeddedTerminal{t: t}
+	p.embedOrder = append(p.embedOrder, k)
+	for i := 0; len(p.embedOrder) > maxEmbedded && i < len(p.embedOrder); {
+		old := p.embedOrder[i]
+		if p.embedded[old].t.Exited() {
+			delete(p.embedded, old)
+			p.embedOrder = append(p.embedOrder[:i], p.embedOrder[i+1:]...)
+			continue
+		}
+		i++
+	}
 }
 
-// watch streams the output of embedded terminals to the editor as
+// terminalItem returns the terminal id of a {type: "terminal"} content item.
+func terminalItem(item json.RawMessage) (string, bool) {
+	var c struct {
+		Type       string `json:"type"`
+		TerminalID string `json:"terminalId"`
+	}
+	if json.Unmarshal(item, &c) != nil || c.Type != "terminal" {
+		return "", false
+	}
+	return c.TerminalID, true
+}
+
+// rewriteUpdate shows the editor the terminals embedded in a tool call. The
+// editor never created them, so their bare ids mean nothing to it. An
+// editor that renders terminal _meta gets terminal_info on the tool call
+// that first shows a terminal, then terminal_output and terminal_exit;
+// any other gets text items holding the output, refreshed as it grows.
+// It returns the new message, or nil to forward the agent's as it is.
+// p.updates is held.
+func (p *Proxy) rewriteUpdate(line []byte, params json.RawMessage) []byte {
+	var n struct {
+		SessionID string                     `json:"sessionId"`
+		Update    map[string]json.RawMessage `json:"update"`
+	}
+	if json.Unmarshal(params, &n) != nil || n.Update == nil {
+		return nil
+	}
+	var kind, callID string
+	if json.Unmarshal(n.Update["sessionUpdate"], &kind) != nil || json.Unmarshal(n.Update["toolCallId"], &callID) != nil ||
+		(kind != "tool_call" && kind != "tool_call_update") || callID == "" {
+		return nil
+	}
+	raw, ok := n.Update["content"]
+	if !ok || string(raw) == "null" {
+		return nil // a status change: the content, and its refreshes, stay
+	}
+	var content []json.RawMessage
+	if json.Unmarshal(raw, &content) != nil {
+		return nil
+	}
+	key := toolCallKey{n.SessionID, callID}
+	p.mu.Lock()
+	w := p.textWatches[key]
+	metaMode := p.editorMeta
+	p.mu.Unlock()
+	var ids []string
+	for _, item := range content {
+		if id, ok := terminalItem(item); ok {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) == 0 {
+		if w != nil {
+			w.setContent(nil, nil) // the agent replaced the terminals
+		}
+		return nil
+	}
+	terms := make([]*sandbox.Terminal, 0, len(ids))
+	for _, id := range ids {
+		t := p.lookup(n.SessionID, id)
+		if t == nil {
+			p.log.Warn("tool call shows an unknown terminal", "session", n.SessionID, "terminal", id)
+			continue
+		}
+		p.remember(n.SessionID, t)
+		terms = append(terms, t)
+	}
+	if metaMode && w == nil {
+		// Zed creates its display terminal from the terminal_info of a
+		// tool_call, one per tool call; later updates may name it freely.
+		if kind == "tool_call" && len(ids) == 1 && len(terms) == 1 {
+			if out := p.announce(n.SessionID, callID, n.Update, terms[0]); out != nil {
+				return out.rewrite(line)
+			}
+		}
+		if p.allAnnounced(n.SessionID, ids) {
+			return nil
+		}
+	}
+	if w == nil {
+		w = &watch{p: p, sessionID: n.SessionID, toolCallID: callID, wake: make(chan struct{}, 1)}
+		startWatch(p, p.textWatches, key, w)
+	}
+	n.Update["content"] = w.setContent(content, terms)
+	return updateRewrite(n.Update).rewrite(line)
+}
+
+// updateRewrite is a session/update's new update object.
+type updateRewrite map[string]json.RawMessage
+
+// rewrite returns line with params.update replaced, every other field of
+// the message kept, or nil when line is not a session/update.
+func (u updateRewrite) rewrite(line []byte) []byte {
+	var msg, params map[string]json.RawMessage
+	if json.Unmarshal(line, &msg) != nil || json.Unmarshal(msg["params"], &params) != nil || params == nil {
+		return nil
+	}
+	var err error
+	if params["update"], err = marshal(map[string]json.RawMessage(u)); err != nil {
+		return nil
+	}
+	if msg["params"], err = marshal(params); err != nil {
+		return nil
+	}
+	out, err := marshal(msg)
+	if err != nil {
+		return nil
+	}
+	return out
+}
+
+// announce adds terminal_info to a tool call and starts streaming the
+// terminal's output as terminal_output and terminal_exit.
+func (p *Proxy) announce(sessionID, callID string, update map[string]json.RawMessage, t *sandbox.Terminal) updateRewrite {
+	meta := map[string]json.RawMessage{}
+	if raw, ok := update["_meta"]; ok && string(raw) != "null" && json.Unmarshal(raw, &meta) != nil {
+		return nil
+	}
+	cwd := t.Command().Cwd
+	if cwd == "" {
+		p.mu.Lock()
+		cwd = p.specs[sessionID].Workspace
+		p.mu.Unlock()
+	}
+	info, err := marshal(terminalInfo{TerminalID: t.ID, Cwd: cwd})
+	if err != nil {
+		return nil
+	}
+	meta["terminal_info"] = info
+	out := make(updateRewrite, len(update))
+	for k, v := range update {
+		out[k] = v
+	}
+	if out["_meta"], err = marshal(meta); err != nil {
+		return nil
+	}
+	key := termKey{sessionID, t.ID}
+	p.mu.Lock()
+	_, running := p.metaWatches[key]
+	if e := p.embedded[key]; e != nil {
+		e.announced = true
+	}
+	p.mu.Unlock()
+	if !running {
+		startWatch(p, p.metaWatches, key, &watch{p: p, sessionID: sessionID, toolCallID: callID, term: t, wake: make(chan struct{}, 1)})
+	}
+	return out
+}
+
+// allAnnounced reports whether the editor knows every one of the terminals
+// from terminal_info.
+func (p *Proxy) allAnnounced(sessionID string, ids []string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, id := range ids {
+		if e := p.embedded[termKey{sessionID, id}]; e == nil || !e.announced {
+			return false
+		}
+	}
+	return true
+}
+
+// startWatch registers w in watches, a map of p guarded by p.mu, and runs
+// it until its terminals exit.
+func startWatch[K comparable](p *Proxy, watches map[K]*watch, key K, w *watch) {
+	p.mu.Lock()
+	watches[key] = w
+	p.mu.Unlock()
+	w.forget = func() {
+		p.mu.Lock()
+		if watches[key] == w {
+			delete(watches, key)
+		}
+		p.mu.Unlock()
+	}
+	if !p.background(func() { w.run(p.ctx) }) {
+		w.forget()
+	}
+}
+
+// Terminal _meta as Zed reads it (crates/agent_servers/src/acp.rs).
+type (
+	terminalInfo struct {
+		TerminalID string `json:"terminal_id"`
+		Cwd        string `json:"cwd,omitempty"`
+	}
+	terminalOutput struct {
+		TerminalID string `json:"terminal_id"`
+		Data       string `json:"data"`
+	}
+	terminalExit struct {
+		TerminalID string  `json:"terminal_id"`
+		ExitCode   *int    `json:"exit_code"`
+		Signal     *string `json:"signal"`
+	}
+	terminalMeta struct {
+		Output *terminalOutput `json:"terminal_output,omitempty"`
+		Exit   *terminalExit   `json:"terminal_exit,omitempty"`
+	}
+)
+
+// notification is a session/update the proxy sends the editor itself.
+type notification struct {
+	JSONRPC string             `json:"jsonrpc"`
+	Method  string             `json:"method"`
+	Params  notificationParams `json:"params"`
+}
+
+type notificationParams struct {
+	SessionID string         `json:"sessionId"`
+	Update    toolCallUpdate `json:"update"`
+}
+
+type toolCallUpdate struct {
+	SessionUpdate string            `json:"sessionUpdate"`
+	ToolCallID    string            `json:"toolCallId"`
+	Content       []json.RawMessage `json:"content,omitempty"`
+	Meta          *terminalMeta     `json:"_meta,omitempty"`
+}
+
+// watch pushes the output of embedded terminals to the editor as
 // tool_call_update notifications, at most every refreshInterval and once
-// more when the command exits.
+// more when they exit. A text watch refreshes a tool call's content; a meta
+// watch streams one announced terminal.
 type watch struct {
 	p          *Proxy
 	sessionID  string
 	toolCallID string
+	wake       chan struct{} // the agent replaced the content
+	forget     func()
 
-	// meta mode: one terminal, sent as terminal_output deltas.
-	meta bool
+	// Text watches; guarded by p.updates.
+	content []json.RawMessage   // as the agent sent it
+	terms   []*sandbox.Terminal // the known terminals in it
+	shown   []byte              // the content the editor has
+
+	// Meta watches; only run touches these.
 	term *sandbox.Terminal
-	sent int64
-	tail []byte // an incomplete UTF-8 sequence held back
-
-	// content mode: the tool call's content with terminals in it.
-	mu      sync.Mutex
-	content []json.RawMessage
-	terms   []*sandbox.Terminal
+	sent int64  // output offset sent so far
+	tail []byte // the start of a character whose rest has not come yet
 }
 
-func (w *watch) setContent(content []json.RawMessage) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.content = content
-	w.terms = w.terms[:0]
-	for _, item := range content {
-		var c struct {
-			Type       string `json:"type"`
-			TerminalID string `json:"terminalId"`
+// setContent replaces a text watch's content and returns it rendered.
+// p.updates is held.
+func (w *watch) setContent(content []json.RawMessage, terms []*sandbox.Terminal) json.RawMessage {
+	w.content, w.terms = content, terms
+	items := w.render()
+	w.shown, _ = marshal(items)
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+	return w.shown
+}
+
+func (w *watch) terminals() []*sandbox.Terminal {
+	if w.term != nil {
+		return []*sandbox.Terminal{w.term}
+	}
+	return w.terms
+}
+
+func (w *watch) run(ctx context.Context) {
+	var last time.Time // of the last refresh sent
+	for {
+		w.p.updates.Lock()
+		terms := w.terminals()
+		changed := make([]<-chan struct{}, len(terms))
+		final := true
+		for i, t := range terms {
+			// Taken before the output is read: a write after the
+			// read closes it.
+			changed[i] = t.Buffer().Changed()
+			if !t.Exited() {
+				final = false
+			}
 		}
-		if json.Unmarshal(item, &c) == nil && c.Type == "terminal" {
-			if t := w.p.lookup(w.sessionID, c.TerminalID); t != nil {
-				w.terms = append(w.terms, t)
+		sent, err := w.refresh(final)
+		if final || err != nil {
+			// Forgotten before p.updates is released, so an update of
+			// the agent either reaches this watch in time or starts a
+			// new one.
+			w.forget()
+		}
+		w.p.updates.Unlock()
+		if err != nil {
+			w.p.log.Debug("refresh tool call", "toolCall", w.toolCallID, "err", err)
+			return
+		}
+		if final {
+			return
+		}
+		if sent {
+			last = time.Now()
+		}
+		if !waitAny(ctx, w.wake, changed, terms) {
+			w.forget()
+			return
+		}
+		if d := refreshInterval - time.Since(last); d > 0 {
+			select {
+			case <-ctx.Done():
+				w.forget()
+				return
+			case <-time.After(d):
 			}
 		}
 	}
 }
 
-// render returns the content with every terminal item replaced by its
-// current output.
+// waitAny waits until one of the terminals writes or exits, or wake.
+func waitAny(ctx context.Context, wake <-chan struct{}, changed []<-chan struct{}, terms []*sandbox.Terminal) bool {
+	if len(terms) == 1 {
+		select {
+		case <-changed[0]:
+		case <-terms[0].Done():
+		case <-wake:
+		case <-ctx.Done():
+			return false
+		}
+		return true
+	}
+	any := make(chan struct{}, 1)
+	stop := make(chan struct{})
+	defer close(stop)
+	for i := range terms {
+		go func() {
+			select {
+			case <-changed[i]:
+			case <-terms[i].Done():
+			case <-stop:
+				return
+			}
+			select {
+			case any <- struct{}{}:
+			default:
+			}
+		}()
+	}
+	select {
+	case <-any:
+	case <-wake:
+	case <-ctx.Done():
+		return false
+	}
+	return true
+}
+
+// refresh sends the editor what changed, if anything. p.updates is held.
+func (w *watch) refresh(final bool) (bool, error) {
+	update := toolCallUpdate{SessionUpdate: "tool_call_update", ToolCallID: w.toolCallID}
+	if w.term != nil {
+		data, next := w.term.Buffer().Since(w.sent)
+		w.sent = next
+		data = append(w.tail, data...)
+		w.tail = nil
+		if !final {
+			// Hold back a character cut in half; its rest comes next.
+			if cut := sandbox.IncompleteTail(data); cut > 0 {
+				w.tail = append([]byte(nil), data[len(data)-cut:]...)
+				data = data[:len(data)-cut]
+			}
+		}
+		meta := terminalMeta{}
+		if len(data) > 0 {
+			meta.Output = &terminalOutput{TerminalID: w.term.ID, Data: string(data)}
+		}
+		if final {
+			_, _, st := w.term.Output()
+			meta.Exit = &terminalExit{TerminalID: w.term.ID}
+			if st != nil {
+				meta.Exit.ExitCode, meta.Exit.Signal = st.ExitCode, st.Signal
+			}
+		}
+		if meta.Output == nil && meta.Exit == nil {
+			return false, nil
+		}
+		update.Meta = &meta
+	} else {
+		items := w.render()
+		shown, err := marshal(items)
+		if err != nil || bytes.Equal(shown, w.shown) {
+			return false, err
+		}
+		w.shown = shown
+		update.Content = items
+	}
+	b, err := marshal(notification{JSONRPC: "2.0", Method: "session/update",
+		Params: notificationParams{SessionID: w.sessionID, Update: update}})
+	if err != nil {
+		return false, err
+	}
+	return true, w.p.editor.WriteLine(b)
+}
+
+// render returns the content with every terminal item replaced by a text
+// item with its output.
 func (w *watch) render() []json.RawMessage {
-	w.mu.Lock()
-	defer w.mu.Unlock()
 	items := make([]json.RawMessage, 0, len(w.content))
 	for _, item := range w.content {
-		var c struct {
-			Type       string `json:"type"`
-			TerminalID string `json:"terminalId"`
-		}
-		if json.Unmarshal(item, &c) != nil || c.Type != "terminal" {
+		id, ok := terminalItem(item)
+		if !ok {
 			items = append(items, item)
 			continue
 		}
-		text := "(terminal " + c.TerminalID + " is not known to sandboxd)"
-		if t := w.p.lookup(w.sessionID, c.TerminalID); t != nil {
-			text = terminalText(t)
-		} else {
-			for _, t := range w.terms {
-				if t.ID == c.TerminalID {
-					text = terminalText(t)
-				}
+		text := fmt.Sprintf("(the output of terminal %s is not available)", id)
+		for _, t := range w.terms {
+			if t.ID == id {
+				text = terminalText(t)
 			}
 		}
-		b, _ := json.Marshal(map[string]any{"type": "content", "content": map[string]string{"type": "text", "text": text}})
+		b, err := marshal(textContent{Type: "content", Content: textBlock{Type: "text", Text: text}})
+		if err != nil {
+			continue
+		}
 		items = append(items, b)
 	}
 	return items
+}
+
+type textContent struct {
+	Type    string    `json:"type"`
+	Content textBlock `json:"content"`
+}
+
+type textBlock struct {
+	Type string `json:"type"`
+	Text string `json:"text"`
 }
 
 // terminalText is a terminal's output for a text item, with its exit status
 // once it has exited.
 func terminalText(t *sandbox.Terminal) string {
 	out, truncated, st := t.Output()
+	if len(out) > displayLimit {
+		out = out[len(out)-displayLimit:]
+		for len(out) > 0 && !utf8.RuneStart(out[0]) {
+			out = out[1:]
+		}
+		truncated = true
+	}
 	text := string(out)
 	if truncated {
 		text = "[earlier output truncated]\n" + text
@@ -553,117 +1018,4 @@ func terminalText(t *sandbox.Terminal) string {
 		}
 	}
 	return text
-}
-
-func (w *watch) terminals() []*sandbox.Terminal {
-	if w.meta {
-		return []*sandbox.Terminal{w.term}
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return append([]*sandbox.Terminal(nil), w.terms...)
-}
-
-func (w *watch) run(ctx context.Context) {
-	last := time.Time{}
-	for {
-		terms := w.terminals()
-		done := true
-		changed := make([]<-chan struct{}, 0, len(terms))
-		for _, t := range terms {
-			changed = append(changed, t.Buffer().Changed())
-			if !t.Exited() {
-				done = false
-			}
-		}
-		if err := w.send(done); err != nil {
-			return
-		}
-		if done {
-			return
-		}
-		// Wait for output or exit, then no sooner than the interval.
-		if !waitAny(ctx, changed, terms) {
-			return
-		}
-		if d := refreshInterval - time.Since(last); d > 0 {
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(d):
-			}
-		}
-		last = time.Now()
-	}
-}
-
-// waitAny waits until one of the terminals writes or exits.
-func waitAny(ctx context.Context, changed []<-chan struct{}, terms []*sandbox.Terminal) bool {
-	if len(terms) == 0 {
-		return false
-	}
-	cases := make(chan struct{}, 1)
-	stop := make(chan struct{})
-	defer close(stop)
-	for i := range terms {
-		go func() {
-			select {
-			case <-changed[i]:
-			case <-terms[i].Done():
-			case <-stop:
-				return
-			}
-			select {
-			case cases <- struct{}{}:
-			default:
-			}
-		}()
-	}
-	select {
-	case <-cases:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
-
-// send pushes what is new to the editor.
-func (w *watch) send(final bool) error {
-	update := map[string]any{"sessionUpdate": "tool_call_update", "toolCallId": w.toolCallID}
-	if w.meta {
-		data, next := w.term.Buffer().Since(w.sent)
-		w.sent = next
-		data = append(w.tail, data...)
-		w.tail = nil
-		if !final {
-			// Hold back a character cut in half; the rest of it comes next.
-			if cut := sandbox.IncompleteTail(data); cut > 0 {
-				w.tail = append([]byte(nil), data[len(data)-cut:]...)
-				data = data[:len(data)-cut]
-			}
-		}
-		meta := map[string]any{}
-		if len(data) > 0 {
-			meta["terminal_output"] = map[string]string{"terminal_id": w.term.ID, "data": string(data)}
-		}
-		if final {
-			_, _, st := w.term.Output()
-			exit := map[string]any{"terminal_id": w.term.ID, "exit_code": nil, "signal": nil}
-			if st != nil {
-				exit["exit_code"], exit["signal"] = st.ExitCode, st.Signal
-			}
-			meta["terminal_exit"] = exit
-		}
-		if len(meta) == 0 {
-			return nil
-		}
-		update["_meta"] = meta
-	} else {
-		update["content"] = w.render()
-	}
-	return w.p.editor.WriteObject(map[string]any{
-		"jsonrpc": "2.0",
-		"method":  "session/update",
-		"params":  map[string]any{"sessionId": w.sessionID, "update": update},
-	})
 }

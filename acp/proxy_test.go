@@ -1,14 +1,198 @@
 package acp
 
 import (
+	"bufio"
+	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
 	"reflect"
+	"strings"
+	"sync"
 	"testing"
+	"time"
+
+	"github.com/sandboxd/sandboxd/sandbox"
 )
 
-func TestRewriteInitialize(t *testing.T) {
+// proxyPeers is a proxy between two in-memory peers. Its Terminals have no
+// manager: every path these tests take must answer without a container.
+type proxyPeers struct {
+	toProxyFromEditor, toProxyFromAgent io.WriteCloser
+	editor, agent                       *bufio.Reader // what each peer receives
+	logs                                *syncBuffer
+	ended                               chan error
+}
+
+// syncBuffer is a bytes.Buffer the proxy's goroutines may log to while a
+// test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func startProxy(t *testing.T) *proxyPeers {
+	t.Helper()
+	edInR, edInW := io.Pipe()
+	edOutR, edOutW := io.Pipe()
+	agInR, agInW := io.Pipe()
+	agOutR, agOutW := io.Pipe()
+	pp := &proxyPeers{
+		toProxyFromEditor: edInW, toProxyFromAgent: agOutW,
+		editor: bufio.NewReader(edOutR), agent: bufio.NewReader(agInR),
+		logs: &syncBuffer{}, ended: make(chan error, 1),
+	}
+	log := slog.New(slog.NewTextHandler(pp.logs, nil))
+	p := NewProxy(NewTerminals(nil, "test", "/"), sandbox.SessionSpec{}, pipeConn{edInR, edOutW}, pipeConn{agOutR, agInW}, log)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { pp.ended <- p.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		edInW.Close()
+		agOutW.Close()
+		edOutR.Close()
+		agInR.Close()
+		<-pp.ended
+	})
+	return pp
+}
+
+func send(t *testing.T, w io.Writer, line string) {
+	t.Helper()
+	if _, err := io.WriteString(w, line); err != nil {
+		t.Fatalf("send: %v", err)
+	}
+}
+
+// recv returns the next line r gets, newline included.
+func recv(t *testing.T, r *bufio.Reader) string {
+	t.Helper()
+	ch := make(chan string, 1)
+	go func() {
+		line, _ := r.ReadString('\n')
+		ch <- line
+	}()
+	select {
+	case line := <-ch:
+		return line
+	case <-time.After(5 * time.Second):
+		t.Fatal("recv: nothing within 5s")
+	}
+	return ""
+}
+
+func TestWrapProxyRelaysOtherMessagesByteForByte(t *testing.T) {
+	fromEditor := []string{
+		`{"jsonrpc":"2.0","id":7,"method":"session/prompt","params":{"sessionId":"s","prompt":[{"type":"text","text":"<b>&amp;</b> \u00e9 é \u2028 initialize"}],"_meta":{"x":[1,2.50,"y"]}}}` + "\n",
+		`{ "method" : "session/cancel" , "jsonrpc" : "2.0", "params" : { "sessionId" : "s" } }` + "\r\n",
+		`{"jsonrpc":"2.0","id":"perm-1","result":{"outcome":{"outcome":"selected","optionId":"allow"}}}` + "\n",
+		`{"jsonrpc":"2.0","id":8,"method":"_zed/unknown","params":{"anything":null}}` + "\n",
+		`{"jsonrpc":"2.0","id":9,"method":"session/new","params":{"cwd":"/w","mcpServers":[]}}` + "\n",
+		`{"jsonrpc":"2.0","id":10,"method":"session/close","params":{"sessionId":"nobody"}}` + "\n",
+		`not even JSON, the agent's business` + "\n",
+	}
+	fromAgent := []string{
+		`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"a <terminal> & more"}}}}` + "\n",
+		`{"jsonrpc":"2.0","id":1,"method":"session/request_permission","params":{"sessionId":"s","toolCall":{"toolCallId":"c"},"options":[]}}` + "\n",
+		`{"jsonrpc":"2.0","id":2,"method":"fs/read_text_file","params":{"sessionId":"s","path":"/w/a.txt","line":3}}` + "\r\n",
+		`{"jsonrpc":"2.0","method":"_agent/ext","params":{"_meta":{"terminal_output":true}}}` + "\n",
+		`{"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":"perm-1"}}` + "\n",
+		`{"jsonrpc":"2.0","id":9,"error":{"code":-32603,"message":"no sessions today"}}` + "\n",
+		`{"jsonrpc":"2.0","id":10,"result":{}}` + "\n",
+		`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c","content":[{"type":"content","content":{"type":"text","text":"terminal"}}]}}}` + "\n",
+	}
+	pp := startProxy(t)
+	for _, line := range fromEditor {
+		send(t, pp.toProxyFromEditor, line)
+		if got := recv(t, pp.agent); got != line {
+			t.Errorf("editor to agent:\nsent %q\n got %q", line, got)
+		}
+	}
+	for _, line := range fromAgent {
+		send(t, pp.toProxyFromAgent, line)
+		if got := recv(t, pp.editor); got != line {
+			t.Errorf("agent to editor:\nsent %q\n got %q", line, got)
+		}
+	}
+}
+
+func TestWrapProxyDropsAgentLinesThatAreNotMessages(t *testing.T) {
+	pp := startProxy(t)
+	for _, line := range []string{
+		"Loading model weights...\n",
+		"[1,2,3]\n",
+		`"a string"` + "\n",
+		`{"jsonrpc":"2.0","method":"session/update"` + "\n",               // cut short
+		`{"jsonrpc":"2.0","method":"terminal/output","params":{}}` + "\n", // a terminal notification
+		"\n",
+	} {
+		send(t, pp.toProxyFromAgent, line)
+	}
+	last := `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"hi"}}}}` + "\n"
+	send(t, pp.toProxyFromAgent, last)
+	if got := recv(t, pp.editor); got != last {
+		t.Errorf("editor got %q, want only the message %q", got, last)
+	}
+	if n := strings.Count(pp.logs.String(), "dropped"); n != 5 {
+		t.Errorf("logged %d drops, want 5:\n%s", n, pp.logs)
+	}
+}
+
+func TestWrapProxyAnswersTerminalRequestsItself(t *testing.T) {
+	tests := []struct {
+		name     string
+		request  string
+		wantCode int
+		wantText string
+	}{
+		{"unknown session", `{"jsonrpc":"2.0","id":5,"method":"terminal/output","params":{"sessionId":"nope","terminalId":"t"}}`, CodeResourceMissing, `unknown session \"nope\"`},
+		{"string id", `{"jsonrpc":"2.0","id":"w-1","method":"terminal/wait_for_exit","params":{"sessionId":"nope","terminalId":"t"}}`, CodeResourceMissing, "unknown session"},
+		{"missing field", `{"jsonrpc":"2.0","id":6,"method":"terminal/create","params":{"command":"ls"}}`, CodeInvalidParams, "sessionId: required"},
+		{"params not an object", `{"jsonrpc":"2.0","id":7,"method":"terminal/kill","params":[1]}`, CodeInvalidParams, "must be an object"},
+	}
+	pp := startProxy(t)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			send(t, pp.toProxyFromAgent, tc.request+"\n")
+			var req, res struct {
+				ID    json.RawMessage `json:"id"`
+				Error struct {
+					Code    int    `json:"code"`
+					Message string `json:"message"`
+				} `json:"error"`
+			}
+			json.Unmarshal([]byte(tc.request), &req)
+			line := recv(t, pp.agent)
+			if err := json.Unmarshal([]byte(line), &res); err != nil {
+				t.Fatalf("reply %q: %v", line, err)
+			}
+			if string(res.ID) != string(req.ID) || res.Error.Code != tc.wantCode || !strings.Contains(line, tc.wantText) {
+				t.Errorf("reply %s: want id %s, code %d, message with %q", line, req.ID, tc.wantCode, tc.wantText)
+			}
+		})
+	}
+	// None of it reached the editor: the next thing it gets is this.
+	marker := `{"jsonrpc":"2.0","method":"_marker","params":{}}` + "\n"
+	send(t, pp.toProxyFromAgent, marker)
+	if got := recv(t, pp.editor); got != marker {
+		t.Errorf("editor got %q before the marker", got)
+	}
+}
+
+func TestWrapRewriteInitialize(t *testing.T) {
 	tests := []struct {
 		name     string
 		in       string
@@ -16,16 +200,18 @@ func TestRewriteInitialize(t *testing.T) {
 		wantMeta bool
 	}{
 		{"no capabilities", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}`, `{"terminal":true}`, false},
+		{"null capabilities", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":null}}`, `{"terminal":true}`, false},
 		{"terminal false", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{"terminal":false,"fs":{"readTextFile":true}}}}`, `{"fs":{"readTextFile":true},"terminal":true}`, false},
-		{"zed meta", `{"jsonrpc":"2.0","id":"a","method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{"_meta":{"terminal_output":true,"x":[1]}},"_meta":{"k":"v"}}}`, `{"_meta":{"terminal_output":true,"x":[1]},"terminal":true}`, true},
+		{"zed meta", `{"jsonrpc":"2.0","id":"a","method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{"_meta":{"terminal_output":true,"x":[1]}},"_meta":{"k":"<v&>"}}}`, `{"_meta":{"terminal_output":true,"x":[1]},"terminal":true}`, true},
+		{"meta without terminal_output", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{"_meta":{"terminal-auth":true}}}}`, `{"_meta":{"terminal-auth":true},"terminal":true}`, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			p := &Proxy{}
+			p := NewProxy(nil, sandbox.SessionSpec{}, pipeConn{}, pipeConn{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 			out := p.rewriteInitialize([]byte(tc.in))
 			var got, in map[string]any
 			if err := json.Unmarshal(out, &got); err != nil {
-				t.Fatal(err)
+				t.Fatalf("%s: %v", out, err)
 			}
 			json.Unmarshal([]byte(tc.in), &in)
 			var caps any
@@ -42,6 +228,9 @@ func TestRewriteInitialize(t *testing.T) {
 			if !reflect.DeepEqual(gp, ip) || !reflect.DeepEqual(got, in) {
 				t.Errorf("other fields changed: %s", out)
 			}
+			if bytes.Contains(out, []byte(`\u003c`)) {
+				t.Errorf("rewrite escaped HTML: %s", out)
+			}
 			if p.editorMeta != tc.wantMeta {
 				t.Errorf("editorMeta = %v", p.editorMeta)
 			}
@@ -49,16 +238,43 @@ func TestRewriteInitialize(t *testing.T) {
 	}
 }
 
-func TestRewriteUpdateLeavesOtherUpdatesAlone(t *testing.T) {
-	p := &Proxy{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	for _, line := range []string{
-		`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"a terminal"}}}}`,
-		`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c","content":[{"type":"content","content":{"type":"text","text":"terminal"}}]}}}`,
-	} {
-		var m message
-		json.Unmarshal([]byte(line), &m)
-		if got := p.rewriteUpdate([]byte(line), m.Params); string(got) != line {
-			t.Errorf("rewrote %s\n into %s", line, got)
+func TestWrapRewriteUpdate(t *testing.T) {
+	tests := []struct {
+		name, line string
+		want       string // "" for left alone
+	}{
+		{"message chunk", `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"a terminal"}}}}`, ""},
+		{"text content", `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c","content":[{"type":"content","content":{"type":"text","text":"terminal"}}]}}}`, ""},
+		{"status only", `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call_update","toolCallId":"c","status":"completed"}}}`, ""},
+		{"unknown terminal", `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c","title":"<ls>","content":[{"type":"terminal","terminalId":"term_x"},{"type":"diff","path":"/a","newText":"b"}]},"_meta":{"keep":1}}}`,
+			`{"jsonrpc":"2.0","method":"session/update","params":{"_meta":{"keep":1},"sessionId":"s","update":{"content":[{"type":"content","content":{"type":"text","text":"(the output of terminal term_x is not available)"}},{"type":"diff","path":"/a","newText":"b"}],"sessionUpdate":"tool_call","title":"<ls>","toolCallId":"c"}}}`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := NewProxy(NewTerminals(nil, "test", "/"), sandbox.SessionSpec{}, pipeConn{}, pipeConn{Writer: io.Discard}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			var m message
+			json.Unmarshal([]byte(tc.line), &m)
+			p.updates.Lock() // as fromAgent holds it
+			got := p.rewriteUpdate([]byte(tc.line), m.Params)
+			p.updates.Unlock()
+			if string(got) != tc.want {
+				t.Errorf("got  %s\nwant %s", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestWrapReadRaw(t *testing.T) {
+	long := `{"x":"` + strings.Repeat("é", 70<<10) + `"}`
+	in := "one\n\n  \r\ntwo\r\n" + long + "\nlast"
+	s := NewLineStream(pipeConn{Reader: strings.NewReader(in)}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	for _, want := range []string{"one\n", "two\r\n", long + "\n", "last\n"} {
+		got, err := s.readRaw()
+		if err != nil || string(got) != want {
+			t.Fatalf("readRaw = %.40q, %v; want %.40q", got, err, want)
 		}
+	}
+	if _, err := s.readRaw(); err != io.EOF {
+		t.Errorf("at the end: %v, want EOF", err)
 	}
 }

@@ -6,12 +6,19 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"os/exec"
 	"syscall"
 	"time"
 
+	"github.com/sandboxd/sandboxd/limits"
 	"github.com/sandboxd/sandboxd/sandbox"
 )
+
+// drainTimeout is how long the proxy keeps relaying after the agent exited:
+// what it wrote last is still in the pipe, or its children hold the pipe
+// open.
+const drainTimeout = time.Second
 
 // Agent says how to start the agent a wrap contains.
 type Agent struct {
@@ -24,28 +31,48 @@ type Agent struct {
 }
 
 // Wrap starts the agent and relays between it and the editor through a
-// Proxy until one side ends. It returns the agent's exit code (128+n for a
-// signal) when the agent ended, and 0 when the editor did; the caller then
-// closes the manager, which removes every container of the wrap.
-func Wrap(ctx context.Context, terms *Terminals, editor io.ReadWriteCloser, agent Agent, log *slog.Logger) (int, error) {
+// Proxy until one side ends. Sessions get their image, network and limits
+// from defaults. It returns the agent's exit code (128+n for a signal)
+// when the agent ended, and 0 when the editor did; the agent has exited
+// either way. The caller then closes the manager, which removes every
+// container of the wrap.
+func Wrap(ctx context.Context, terms *Terminals, editor io.ReadWriteCloser, agent Agent, defaults sandbox.SessionSpec, log *slog.Logger) (int, error) {
 	if len(agent.Argv) == 0 {
-		return 0, errors.New("no agent command given")
+		return 0, errors.New("start agent: no agent command given")
+	}
+	// Pipes of our own rather than cmd.StdoutPipe: Wait closes those as
+	// soon as the agent exits, losing what it wrote last. They are
+	// blocking, not pollable: a reader blocked in read(2) is woken by the
+	// kernel itself, without the poller's hand-off to another thread.
+	toAgent, agentIn, err := blockingPipe()
+	if err != nil {
+		return 0, fmt.Errorf("start agent %q: %w", agent.Argv[0], err)
+	}
+	agentOut, fromAgent, err := blockingPipe()
+	if err != nil {
+		toAgent.Close()
+		agentIn.Close()
+		return 0, fmt.Errorf("start agent %q: %w", agent.Argv[0], err)
 	}
 	cmd := exec.Command(agent.Argv[0], agent.Argv[1:]...)
 	cmd.Dir = agent.Dir
-	cmd.Stderr = agent.Stderr
-	stdin, err := cmd.StdinPipe()
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = toAgent, fromAgent, agent.Stderr
+	// Its own process group, so the signals reach whatever it started (a
+	// launcher script's real agent) too.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Children that keep a stderr that is not a file open must not hold
+	// Wait up.
+	cmd.WaitDelay = drainTimeout
+	err = cmd.Start()
+	toAgent.Close()
+	fromAgent.Close()
 	if err != nil {
-		return 0, fmt.Errorf("start agent: %w", err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return 0, fmt.Errorf("start agent: %w", err)
-	}
-	if err := cmd.Start(); err != nil {
+		agentIn.Close()
+		agentOut.Close()
 		return 0, fmt.Errorf("start agent %q: %w", agent.Argv[0], err)
 	}
-	log = log.With("agent", agent.Argv[0], "agent_pid", cmd.Process.Pid)
+	pid := cmd.Process.Pid
+	log = log.With("agent", agent.Argv[0], "agent_pid", pid)
 	log.Info("agent started")
 	exited := make(chan struct{})
 	go func() {
@@ -53,39 +80,85 @@ func Wrap(ctx context.Context, terms *Terminals, editor io.ReadWriteCloser, agen
 		close(exited)
 	}()
 
-	// Editors usually start the agent in the project they open a session
-	// for: have that session's container running before it is asked for.
-	terms.m.KeepSpare(sandbox.SessionSpec{ID: "spare", Workspace: terms.workspace})
-	p := NewProxy(terms, editor, pipe{stdout, stdin}, log)
+	// Editors start the agent in the project they then open a session for:
+	// have a container for it running before it is asked for. A spare
+	// with other limits than the configured ones would never fit.
+	if defaults.Limits == (limits.Limits{}) {
+		terms.m.KeepSpare(sandbox.SessionSpec{ID: "spare", Workspace: terms.workspace, Image: defaults.Image, Network: defaults.Network})
+	}
+	p := NewProxy(terms, defaults, editor, pipe{agentOut, agentIn}, log)
+	pctx, stopProxy := context.WithCancel(ctx)
+	defer stopProxy()
 	ended := make(chan error, 1)
-	go func() { ended <- p.Run(ctx) }()
+	go func() { ended <- p.Run(pctx) }()
 	var why error
+	relayed := false // Run has returned
 	select {
 	case why = <-ended:
-	case <-ctx.Done():
-		why = ctx.Err()
-	}
-	if errors.Is(why, ErrAgentClosed) {
-		<-exited
-		code := exitCode(cmd)
-		log.Info("agent exited", "code", code)
-		return code, nil
-	}
-	// The editor is gone (or sandboxd was told to stop): so is the agent.
-	log.Info("stopping the agent", "why", why)
-	stdin.Close()
-	cmd.Process.Signal(syscall.SIGTERM)
-	select {
+		relayed = true
 	case <-exited:
-	case <-time.After(agent.Grace):
-		cmd.Process.Kill()
-		<-exited
+		select {
+		case why = <-ended:
+			relayed = true
+		case <-time.After(drainTimeout):
+			why = ErrAgentClosed
+		}
 	}
-	return 0, nil
+	agentIn.Close()
+	if errors.Is(why, ErrAgentClosed) {
+		// It closed its stdout; it may still be exiting.
+		if !waitExit(exited, agent.Grace) {
+			log.Warn("agent closed its output but did not exit; stopping it")
+			stopAgent(pid, exited, agent.Grace)
+		}
+	} else {
+		// The editor is gone, or sandboxd was told to stop: so is the
+		// agent.
+		log.Info("stopping the agent", "why", why)
+		stopAgent(pid, exited, agent.Grace)
+	}
+	stopProxy()
+	if !relayed {
+		<-ended
+	}
+	agentOut.Close()
+	if !errors.Is(why, ErrAgentClosed) {
+		return 0, nil
+	}
+	code := exitCode(cmd.ProcessState)
+	log.Info("agent exited", "code", code)
+	return code, nil
 }
 
-func exitCode(cmd *exec.Cmd) int {
-	st := cmd.ProcessState
+// blockingPipe returns a pipe whose ends are blocking files.
+func blockingPipe() (r, w *os.File, err error) {
+	var fds [2]int
+	if err := syscall.Pipe2(fds[:], syscall.O_CLOEXEC); err != nil {
+		return nil, nil, fmt.Errorf("pipe: %w", err)
+	}
+	return os.NewFile(uintptr(fds[0]), "pipe"), os.NewFile(uintptr(fds[1]), "pipe"), nil
+}
+
+func waitExit(exited <-chan struct{}, d time.Duration) bool {
+	select {
+	case <-exited:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
+// stopAgent sends the agent's process group SIGTERM, then SIGKILL after
+// grace, and waits for the agent to exit.
+func stopAgent(pid int, exited <-chan struct{}, grace time.Duration) {
+	syscall.Kill(-pid, syscall.SIGTERM)
+	if !waitExit(exited, grace) {
+		syscall.Kill(-pid, syscall.SIGKILL)
+		<-exited
+	}
+}
+
+func exitCode(st *os.ProcessState) int {
 	if st == nil {
 		return 1
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,41 +15,33 @@ import (
 	"github.com/sandboxd/sandboxd/sandbox"
 )
 
-// BenchmarkWrapRelay compares small request/response round trips from an
-// editor to the agent through `sandboxd wrap` with the same editor and
-// agent connected directly, in the same run, alternating blocks of each so
-// both see the same machine.
-func BenchmarkWrapRelay(b *testing.B) {
-	const trips, block = 10000, 500
-	ctx := context.Background()
-	roundTrips := func(d []time.Duration, conn *acpsdk.ClientSideConnection, sid acpsdk.SessionId) []time.Duration {
-		for range block {
-			t0 := time.Now()
-			if _, err := conn.SetSessionMode(ctx, acpsdk.SetSessionModeRequest{SessionId: sid, ModeId: "default"}); err != nil {
-				b.Fatal(err)
-			}
-			d = append(d, time.Since(t0))
-		}
-		return d
-	}
-	agentBin, err := testAgent()
+// testRelay builds integration/testrelay once per test binary.
+var testRelay = sync.OnceValues(func() (string, error) { return buildHelper("testrelay") })
+
+// startPair starts argv (the agent, or a relay in front of it) and
+// connects an editor to it, with one session open in ws.
+func startPair(b *testing.B, ws string, argv ...string) (*acpsdk.ClientSideConnection, acpsdk.SessionId) {
+	b.Helper()
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Dir = ws
+	in, err := cmd.StdinPipe()
 	if err != nil {
 		b.Fatal(err)
 	}
-	ws := workspace(b)
-	// Direct: the editor talks to the agent's own stdio.
-	cmd := exec.Command(agentBin)
-	in, _ := cmd.StdinPipe()
-	out, _ := cmd.StdoutPipe()
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
-	defer func() {
+	b.Cleanup(func() {
 		in.Close()
 		cmd.Wait()
-	}()
+	})
 	conn := acpsdk.NewClientSideConnection(&editor{t: b, changed: make(chan struct{})}, in, out)
 	conn.SetLogger(quietLog)
+	ctx := context.Background()
 	if _, err := conn.Initialize(ctx, acpsdk.InitializeRequest{ProtocolVersion: acpsdk.ProtocolVersionNumber}); err != nil {
 		b.Fatal(err)
 	}
@@ -56,26 +49,67 @@ func BenchmarkWrapRelay(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	return conn, res.SessionId
+}
+
+// BenchmarkWrapRelay compares 10,000 small request/response round trips
+// from an editor to the agent through `sandboxd wrap` with the same editor
+// and agent connected directly, and with a relay that only copies lines
+// (testrelay), the floor for any process in the path. The three take
+// turns in blocks of 100 so all see the same machine.
+func BenchmarkWrapRelay(b *testing.B) {
+	const trips, block = 10000, 100
+	agentBin, err := testAgent()
+	if err != nil {
+		b.Fatal(err)
+	}
+	relayBin, err := testRelay()
+	if err != nil {
+		b.Fatal(err)
+	}
+	ws := workspace(b)
+	type pair struct {
+		conn *acpsdk.ClientSideConnection
+		sid  acpsdk.SessionId
+		d    []time.Duration
+	}
+	direct, relay := &pair{}, &pair{}
+	direct.conn, direct.sid = startPair(b, ws, agentBin)
+	relay.conn, relay.sid = startPair(b, ws, relayBin, agentBin)
 	w := startWrap(b, ws, acpsdk.ClientCapabilities{})
-	sid := w.newSession(b, ctx, ws)
-	var direct, wrapped []time.Duration
+	wrapped := &pair{conn: w.conn, sid: w.newSession(b, context.Background(), ws)}
+	ctx := context.Background()
 	for range b.N {
 		for range trips / block {
-			direct = roundTrips(direct, conn, res.SessionId)
-			wrapped = roundTrips(wrapped, w.conn, sid)
+			for _, p := range []*pair{direct, relay, wrapped} {
+				for range block {
+					t0 := time.Now()
+					if _, err := p.conn.SetSessionMode(ctx, acpsdk.SetSessionModeRequest{SessionId: p.sid, ModeId: "default"}); err != nil {
+						b.Fatal(err)
+					}
+					p.d = append(p.d, time.Since(t0))
+				}
+			}
 		}
 	}
-	b.ReportMetric(float64(p50(direct))/1e3, "direct-p50-µs")
-	b.ReportMetric(float64(p50(wrapped))/1e3, "wrap-p50-µs")
-	b.ReportMetric(float64(p50(wrapped))/float64(p50(direct)), "wrap/direct")
+	us := func(d time.Duration) float64 { return float64(d) / 1e3 }
+	dp, rp, wp := p50(direct.d), p50(relay.d), p50(wrapped.d)
+	b.ReportMetric(us(dp), "direct-p50-µs")
+	b.ReportMetric(us(rp), "copy-relay-p50-µs")
+	b.ReportMetric(us(wp), "wrap-p50-µs")
+	b.ReportMetric(float64(wp)/float64(dp), "wrap/direct")
+	b.ReportMetric(float64(rp)/float64(dp), "copy-relay/direct")
+	b.ReportMetric(float64(wp)/float64(rp), "wrap/copy-relay")
 }
 
 // BenchmarkWrapFirstCommand measures, through wrap, how long after
-// session/new is answered the editor sees the first output of `echo`, and
-// the same for a session whose container is already running.
+// session/new is answered the editor sees the first output of `echo`: for
+// a session that finds the spare container running, for one that needs a
+// cold start, and for a session whose container was already running.
 func BenchmarkWrapFirstCommand(b *testing.B) {
 	ctx := context.Background()
 	ws := workspace(b)
+	elsewhere := workspace(b) // the spare is made for ws only
 	w := startWrap(b, ws, acpsdk.ClientCapabilities{})
 	run := 0
 	// firstOutput runs a uniquely marked echo, so that late updates of
@@ -110,27 +144,24 @@ func BenchmarkWrapFirstCommand(b *testing.B) {
 			<-changed
 		}
 	}
-	const sessions = 10
+	// With every session closed, the only container is the spare.
 	spareReady := func() bool {
-		for _, id := range containersOf(b, w.cmd.Process.Pid) {
-			c, err := testEnv.cli.ContainerInspect(ctx, id, client.ContainerInspectOptions{})
-			if err == nil && c.Container.Config.Labels[sandbox.LabelSession] == "spare" && c.Container.State.Running {
-				return true
-			}
+		ids := containersOf(b, w.cmd.Process.Pid)
+		if len(ids) != 1 {
+			return false
 		}
-		return false
+		c, err := testEnv.cli.ContainerInspect(ctx, ids[0], client.ContainerInspectOptions{})
+		return err == nil && c.Container.Config.Labels[sandbox.LabelSession] == "spare" && c.Container.State.Running
 	}
-	var spare, cold, warm []time.Duration
+	const sessions = 10
+	var spare, cold, ready []time.Duration
 	for range b.N {
 		for range sessions {
-			// A session opened while the editor was idle finds the spare
-			// container running.
 			eventually(b, "spare container", time.Minute, spareReady)
 			sid := w.newSession(b, ctx, ws)
 			spare = append(spare, firstOutput(sid, time.Now()))
-			warm = append(warm, firstOutput(sid, time.Now()))
-			// One opened right after finds none: a cold start.
-			sid2 := w.newSession(b, ctx, ws)
+			ready = append(ready, firstOutput(sid, time.Now()))
+			sid2 := w.newSession(b, ctx, elsewhere)
 			cold = append(cold, firstOutput(sid2, time.Now()))
 			for _, id := range []acpsdk.SessionId{sid, sid2} {
 				if _, err := w.conn.CloseSession(ctx, acpsdk.CloseSessionRequest{SessionId: id}); err != nil {
@@ -140,8 +171,8 @@ func BenchmarkWrapFirstCommand(b *testing.B) {
 		}
 	}
 	b.ReportMetric(ms(p50(spare)), "new-session-spare-p50-ms")
-	b.ReportMetric(float64(p50(spare))/float64(p50(warm)), "spare/ready")
 	b.ReportMetric(ms(p50(cold)), "new-session-cold-p50-ms")
-	b.ReportMetric(ms(p50(warm)), "ready-session-p50-ms")
-	b.ReportMetric(float64(p50(cold))/float64(p50(warm)), "cold/ready")
+	b.ReportMetric(ms(p50(ready)), "ready-session-p50-ms")
+	b.ReportMetric(float64(p50(spare))/float64(p50(ready)), "spare/ready")
+	b.ReportMetric(float64(p50(cold))/float64(p50(ready)), "cold/ready")
 }

@@ -1,12 +1,17 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -15,19 +20,23 @@ import (
 	acpsdk "github.com/coder/acp-go-sdk"
 )
 
-// testAgent builds integration/testagent once per test binary.
-var testAgent = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "sandboxd-testagent-")
+// buildHelper builds a helper program of this directory (testagent,
+// testrelay) into a temporary directory.
+func buildHelper(name string) (string, error) {
+	dir, err := os.MkdirTemp("", "sandboxd-"+name+"-")
 	if err != nil {
 		return "", err
 	}
-	bin := filepath.Join(dir, "testagent")
-	out, err := exec.Command("go", "build", "-o", bin, "./testagent").CombinedOutput()
+	bin := filepath.Join(dir, name)
+	out, err := exec.Command("go", "build", "-o", bin, "./"+name).CombinedOutput()
 	if err != nil {
-		return "", fmt.Errorf("build testagent: %v: %s", err, out)
+		return "", fmt.Errorf("build %s: %v: %s", name, err, out)
 	}
 	return bin, nil
-})
+}
+
+// testAgent builds integration/testagent once per test binary.
+var testAgent = sync.OnceValues(func() (string, error) { return buildHelper("testagent") })
 
 // editor is an ACP client, built on the independent SDK, in front of
 // `sandboxd wrap -- testagent`. It records every session update.
@@ -60,7 +69,7 @@ func (e *editor) RequestPermission(_ context.Context, p acpsdk.RequestPermission
 }
 
 func (e *editor) ReadTextFile(_ context.Context, p acpsdk.ReadTextFileRequest) (acpsdk.ReadTextFileResponse, error) {
-	return acpsdk.ReadTextFileResponse{Content: "contents of " + p.Path + " ✓"}, nil
+	return acpsdk.ReadTextFileResponse{Content: "contents of " + p.Path + " ✓ <&>"}, nil
 }
 
 func (e *editor) CreateTerminal(context.Context, acpsdk.CreateTerminalRequest) (acpsdk.CreateTerminalResponse, error) {
@@ -89,15 +98,27 @@ func (e *editor) rawUpdates() []string {
 
 // wrapped is a running `sandboxd wrap` with an editor in front.
 type wrapped struct {
-	cmd  *exec.Cmd
-	conn *acpsdk.ClientSideConnection
-	ed   *editor
-	done chan struct{}
-	err  error
-	logs *lockedBuffer
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	conn  *acpsdk.ClientSideConnection
+	ed    *editor
+	done  chan struct{}
+	logs  *lockedBuffer
+	// With record: the bytes the editor sent and received, and the
+	// prefix of the agent's transcript files (.in, .out).
+	sent, recv *lockedBuffer
+	transcript string
 }
 
 func startWrap(t testing.TB, dir string, editorCaps acpsdk.ClientCapabilities) *wrapped {
+	t.Helper()
+	return startWrapWith(t, dir, editorCaps, false)
+}
+
+// startWrapWith starts `sandboxd wrap -- testagent` in dir and initializes
+// it; record keeps transcripts of both connections. Cleanup closes stdin
+// and checks that wrap exits and leaves no container.
+func startWrapWith(t testing.TB, dir string, editorCaps acpsdk.ClientCapabilities, record bool) *wrapped {
 	t.Helper()
 	agentBin, err := testAgent()
 	if err != nil {
@@ -105,35 +126,37 @@ func startWrap(t testing.TB, dir string, editorCaps acpsdk.ClientCapabilities) *
 	}
 	cmd := exec.Command(testEnv.bin, "wrap", "--config", testEnv.config, "--log-level", "debug", "--", agentBin)
 	cmd.Dir = dir
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
+	w := &wrapped{cmd: cmd, done: make(chan struct{}), logs: &lockedBuffer{}}
+	if record {
+		w.sent, w.recv = &lockedBuffer{}, &lockedBuffer{}
+		w.transcript = filepath.Join(t.TempDir(), "agent")
+		cmd.Env = append(os.Environ(), "TESTAGENT_TRANSCRIPT="+w.transcript)
+	}
+	if w.stdin, err = cmd.StdinPipe(); err != nil {
 		t.Fatal(err)
 	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &wrapped{cmd: cmd, done: make(chan struct{}), logs: &lockedBuffer{}}
 	cmd.Stderr = w.logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	go func() {
-		w.err = cmd.Wait()
+		cmd.Wait()
 		close(w.done)
 	}()
 	w.ed = &editor{t: t, changed: make(chan struct{})}
-	w.conn = acpsdk.NewClientSideConnection(w.ed, stdin, stdout)
+	var out io.Writer = w.stdin
+	var in io.Reader = stdout
+	if record {
+		out, in = io.MultiWriter(w.stdin, w.sent), io.TeeReader(stdout, w.recv)
+	}
+	w.conn = acpsdk.NewClientSideConnection(w.ed, out, in)
 	w.conn.SetLogger(quietLog)
 	t.Cleanup(func() {
-		stdin.Close()
-		select {
-		case <-w.done:
-		case <-time.After(60 * time.Second):
-			cmd.Process.Kill()
-			<-w.done
-			t.Error("wrap did not exit after the editor closed stdin")
-		}
+		w.stop(t)
 		if t.Failed() {
 			t.Logf("wrap stderr:\n%s", w.logs.String())
 		}
@@ -145,6 +168,21 @@ func startWrap(t testing.TB, dir string, editorCaps acpsdk.ClientCapabilities) *
 		t.Fatalf("initialize: %v", err)
 	}
 	return w
+}
+
+// stop closes stdin, as an editor does when it quits, and waits for wrap
+// to exit and the editor's connection to read everything.
+func (w *wrapped) stop(t testing.TB) {
+	t.Helper()
+	w.stdin.Close()
+	select {
+	case <-w.done:
+	case <-time.After(60 * time.Second):
+		w.cmd.Process.Kill()
+		<-w.done
+		t.Error("wrap did not exit after the editor closed stdin")
+	}
+	<-w.conn.Done()
 }
 
 func (w *wrapped) newSession(t testing.TB, ctx context.Context, cwd string) acpsdk.SessionId {
@@ -170,6 +208,20 @@ func (w *wrapped) prompt(t testing.TB, ctx context.Context, sid acpsdk.SessionId
 	return msgs[len(msgs)-1]
 }
 
+var containerInMountinfo = regexp.MustCompile(`/containers/([0-9a-f]{64})/hostname `)
+
+// containerOf runs a command in the session and returns the id of the
+// container it ran in, which Docker's bind mount of /etc/hostname names.
+func (w *wrapped) containerOf(t testing.TB, ctx context.Context, sid acpsdk.SessionId) string {
+	t.Helper()
+	out := w.prompt(t, ctx, sid, "run grep /etc/hostname /proc/self/mountinfo")
+	m := containerInMountinfo.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no container id in the command's mountinfo: %q", out)
+	}
+	return m[1]
+}
+
 func TestWrapGivesTheAgentTerminals(t *testing.T) {
 	ws := workspace(t)
 	w := startWrap(t, ws, acpsdk.ClientCapabilities{Terminal: false, Fs: acpsdk.FileSystemCapabilities{ReadTextFile: true}})
@@ -181,25 +233,167 @@ func TestWrapGivesTheAgentTerminals(t *testing.T) {
 	if !strings.Contains(caps, `"terminal":true`) || !strings.Contains(caps, `"readTextFile":true`) {
 		t.Errorf("agent saw capabilities %s; want terminal true and the editor's fs kept", caps)
 	}
-	// The command runs in the session's container, in the session's cwd.
+	// The command runs in the session's container, in the session's cwd,
+	// as the workspace's owner.
 	got := w.prompt(t, ctx, sid, "run hostname; pwd; id -u; cat /proc/1/cmdline | tr '\\0' ' '")
 	want := fmt.Sprintf("exit=0 output=sandbox\n%s\n1000\n/sbin/docker-init -- sleep infinity ", ws)
 	if got != want {
 		t.Errorf("run in the container:\n got %q\nwant %q", got, want)
 	}
-	// Non-terminal traffic passes through unchanged.
-	if got := w.prompt(t, ctx, sid, "permission"); got != "permission: allow" {
-		t.Errorf("permission round trip = %q", got)
+	id := w.containerOf(t, ctx, sid)
+	if !slices.Contains(containersOf(t, w.cmd.Process.Pid), id) {
+		t.Errorf("the command ran in container %.12s, which is not one of this wrap's", id)
 	}
-	if got := w.prompt(t, ctx, sid, "read /some/file.txt"); got != "read: contents of /some/file.txt ✓" {
-		t.Errorf("file read round trip = %q", got)
+	host, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		t.Fatal(err)
 	}
-	if got := w.prompt(t, ctx, sid, "hello, agent"); got != "echo: hello, agent" {
-		t.Errorf("prompt text = %q", got)
+	inside := strings.TrimPrefix(w.prompt(t, ctx, sid, "run cat /proc/self/cgroup"), "exit=0 output=")
+	if inside == string(host) || !strings.Contains(inside, id) {
+		t.Errorf("the command's cgroups are not its container's (%.12s):\n%s", id, inside)
 	}
 }
 
-// toolCallTexts collects the text the editor was shown for a tool call.
+// TestWrapRelaysEverythingElseUnchanged compares, byte for byte, what the
+// editor and the agent each sent with what the other received.
+func TestWrapRelaysEverythingElseUnchanged(t *testing.T) {
+	ws := workspace(t)
+	w := startWrapWith(t, ws, acpsdk.ClientCapabilities{Fs: acpsdk.FileSystemCapabilities{ReadTextFile: true}}, true)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sid := w.newSession(t, ctx, ws)
+	for _, c := range []struct{ prompt, want string }{
+		{"run echo hi", "exit=0 output=hi\n"},
+		{"permission", "permission: allow"},
+		{"read /some/file.txt", "read: contents of /some/file.txt ✓ <&>"},
+		{"garbage", "ok"},
+		{`hello <agent> & "friends" é 日本 \u2028`, `echo: hello <agent> & "friends" é 日本 \u2028`},
+	} {
+		if got := w.prompt(t, ctx, sid, c.prompt); got != c.want {
+			t.Errorf("prompt %q: got %q, want %q", c.prompt, got, c.want)
+		}
+	}
+	w.stop(t)
+
+	edSent, edRecv := lines(w.sent.String()), lines(w.recv.String())
+	agIn, agOut := readLines(t, w.transcript+".in"), readLines(t, w.transcript+".out")
+
+	// Editor to agent: everything, in order, as sent, but for initialize;
+	// besides, the agent got wrap's answers to its terminal requests.
+	terminalCalls := map[string]bool{}
+	for _, l := range agOut {
+		if m := parse(l); strings.HasPrefix(m.Method, "terminal/") {
+			terminalCalls[string(m.ID)] = true
+		}
+	}
+	var fromEditor []string
+	for _, l := range agIn {
+		if m := parse(l); m.Method == "" && terminalCalls[string(m.ID)] {
+			continue
+		}
+		fromEditor = append(fromEditor, l)
+	}
+	if len(fromEditor) != len(edSent) || len(edSent) < 6 {
+		t.Fatalf("the editor sent %d messages, the agent got %d of them", len(edSent), len(fromEditor))
+	}
+	for i := range edSent {
+		if parse(edSent[i]).Method == "initialize" {
+			if !strings.Contains(fromEditor[i], `"terminal":true`) || strings.Contains(edSent[i], `"terminal":true`) {
+				t.Errorf("initialize: editor sent %s\nagent got %s", edSent[i], fromEditor[i])
+			}
+			continue
+		}
+		if fromEditor[i] != edSent[i] {
+			t.Errorf("message %d changed on its way to the agent:\nsent %s\n got %s", i, edSent[i], fromEditor[i])
+		}
+	}
+
+	// Agent to editor: everything but terminal requests and the line that
+	// is not JSON, in order, as sent; tool calls that show terminals are
+	// rewritten, and wrap adds tool_call_updates of its own.
+	var want []string
+	for _, l := range agOut {
+		if l == "this is not JSON" {
+			continue
+		}
+		if m := parse(l); !strings.HasPrefix(m.Method, "terminal/") {
+			want = append(want, l)
+		}
+	}
+	next := 0
+	for _, l := range edRecv {
+		switch {
+		case strings.Contains(l, "this is not JSON"):
+			t.Errorf("a line that is not JSON reached the editor: %s", l)
+		case strings.Contains(l, `"method":"terminal/`):
+			t.Errorf("a terminal request reached the editor: %s", l)
+		case next < len(want) && l == want[next]:
+			next++
+		case next < len(want) && strings.Contains(want[next], `"type":"terminal"`) && sameButContent(t, want[next], l):
+			next++ // the agent's tool call, with the terminal shown as text
+		case strings.Contains(l, `"sessionUpdate":"tool_call_update"`) && !strings.Contains(l, `"id"`):
+			// wrap's own refresh
+		default:
+			t.Errorf("the editor got a message the agent did not send (expected next: %s):\n%s", want[min(next, len(want)-1)], l)
+		}
+	}
+	if next != len(want) {
+		t.Errorf("%d of the agent's messages did not reach the editor, from %s", len(want)-next, want[next])
+	}
+	if !strings.Contains(w.logs.String(), "not a JSON object") {
+		t.Error("wrap did not log the line that is not JSON")
+	}
+}
+
+// sameButContent reports whether two session/updates differ at most in the
+// update's content, and the second shows no terminal.
+func sameButContent(t testing.TB, a, b string) bool {
+	t.Helper()
+	var ma, mb map[string]any
+	if json.Unmarshal([]byte(a), &ma) != nil || json.Unmarshal([]byte(b), &mb) != nil {
+		return false
+	}
+	for _, m := range []map[string]any{ma, mb} {
+		if p, ok := m["params"].(map[string]any); ok {
+			if u, ok := p["update"].(map[string]any); ok {
+				delete(u, "content")
+			}
+		}
+	}
+	return reflect.DeepEqual(ma, mb) && !strings.Contains(b, `"type":"terminal"`)
+}
+
+func lines(s string) []string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.TrimSpace(l) != "" {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+func readLines(t testing.TB, name string) []string {
+	t.Helper()
+	b, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lines(string(b))
+}
+
+type wireMessage struct {
+	ID     json.RawMessage `json:"id"`
+	Method string          `json:"method"`
+}
+
+func parse(line string) wireMessage {
+	var m wireMessage
+	json.Unmarshal([]byte(line), &m)
+	return m
+}
+
+// toolCallTexts collects the text the editor was shown for tool calls.
 func toolCallTexts(raw []string) []string {
 	var texts []string
 	for _, r := range raw {
@@ -240,12 +434,7 @@ func TestWrapShowsLiveOutputAsText(t *testing.T) {
 		done <- w.prompt(t, ctx, sid, "run echo first; while [ ! -e go ]; do sleep 0.05; done; echo second")
 	}()
 	eventually(t, "editor shows the first line while the command runs", 30*time.Second, func() bool {
-		for _, text := range toolCallTexts(w.ed.rawUpdates()) {
-			if text == "first\n" {
-				return true
-			}
-		}
-		return false
+		return slices.Contains(toolCallTexts(w.ed.rawUpdates()), "first\n")
 	})
 	if err := os.WriteFile(filepath.Join(ws, "go"), nil, 0o644); err != nil {
 		t.Fatal(err)
@@ -253,11 +442,13 @@ func TestWrapShowsLiveOutputAsText(t *testing.T) {
 	if got := <-done; got != "exit=0 output=first\nsecond\n" {
 		t.Errorf("agent result = %q", got)
 	}
-	eventually(t, "editor shows the final output with the exit code", 30*time.Second, func() bool {
-		texts := toolCallTexts(w.ed.rawUpdates())
-		return len(texts) > 0 && texts[len(texts)-1] == "first\nsecond\n\n[exit code 0]"
-	})
-	for _, text := range toolCallTexts(w.ed.rawUpdates()) {
+	// The agent released the terminal before its last update of the tool
+	// call: the editor still gets the output, with the exit code.
+	texts := toolCallTexts(w.ed.rawUpdates())
+	if len(texts) == 0 || texts[len(texts)-1] != "first\nsecond\n\n[exit code 0]" {
+		t.Errorf("editor's last view of the tool call: %q", texts)
+	}
+	for _, text := range texts {
 		if strings.HasPrefix(text, "TERMINAL:") {
 			t.Errorf("a bare terminal id reached an editor that never created it: %s", text)
 		}
@@ -273,12 +464,29 @@ func TestWrapUsesTerminalMetaWhenTheEditorDoes(t *testing.T) {
 	if got := w.prompt(t, ctx, sid, "run echo héllo; exit 4"); got != "exit=4 output=héllo\n" {
 		t.Errorf("agent result = %q", got)
 	}
-	eventually(t, "terminal_info, terminal_output and terminal_exit", 30*time.Second, func() bool {
-		all := strings.Join(w.ed.rawUpdates(), "\n")
-		return strings.Contains(all, `"terminal_info":{`) &&
-			strings.Contains(all, `"terminal_output":{"data":"héllo\n"`) &&
-			strings.Contains(all, `"terminal_exit":{"exit_code":4,"signal":null`)
+	var info, output, exit int
+	eventually(t, "terminal_info, then terminal_output, then terminal_exit", 30*time.Second, func() bool {
+		info, output, exit = -1, -1, -1
+		for i, u := range w.ed.rawUpdates() {
+			switch {
+			case strings.Contains(u, `"sessionUpdate":"tool_call"`) && strings.Contains(u, `"terminal_info":{"cwd":"`+ws+`","terminal_id":"term_`):
+				info = i
+			case strings.Contains(u, `"terminal_output":{"data":"héllo\n","terminal_id":"term_`):
+				output = i
+			case strings.Contains(u, `"terminal_exit":{"exit_code":4,"signal":null,"terminal_id":"term_`):
+				exit = i
+			}
+		}
+		return info >= 0 && output >= 0 && exit >= 0
 	})
+	if !(info < output && output <= exit) {
+		t.Errorf("updates out of order: terminal_info %d, terminal_output %d, terminal_exit %d", info, output, exit)
+	}
+	// The editor knows the terminal now: the tool call keeps it, also in
+	// the agent's last update, sent after release.
+	if texts := toolCallTexts(w.ed.rawUpdates()); len(texts) != 2 || !strings.HasPrefix(texts[0], "TERMINAL:term_") || texts[1] != texts[0] {
+		t.Errorf("tool call content = %q, want the terminal twice", texts)
+	}
 }
 
 func TestWrapSessionsGetTheirOwnContainers(t *testing.T) {
@@ -289,21 +497,33 @@ func TestWrapSessionsGetTheirOwnContainers(t *testing.T) {
 	other := workspace(t)
 	s1 := w.newSession(t, ctx, ws)
 	s2 := w.newSession(t, ctx, other)
-	// Containers are prepared as soon as the sessions exist.
-	eventually(t, "two containers", 60*time.Second, func() bool {
-		return len(sessionContainersOf(t, w.cmd.Process.Pid)) == 2
-	})
-	h1 := w.prompt(t, ctx, s1, "run cat /etc/hostname; pwd; cat /proc/self/cgroup | head -1")
-	h2 := w.prompt(t, ctx, s2, "run cat /etc/hostname; pwd; cat /proc/self/cgroup | head -1")
-	if !strings.Contains(h1, ws+"\n") || !strings.Contains(h2, other+"\n") || h1[strings.LastIndex(h1, ":"):] == h2[strings.LastIndex(h2, ":"):] {
-		t.Errorf("sessions share a container or a cwd:\n%s\n%s", h1, h2)
+	c1, c2 := w.containerOf(t, ctx, s1), w.containerOf(t, ctx, s2)
+	if c1 == c2 {
+		t.Fatalf("both sessions ran in container %.12s", c1)
 	}
-	if _, err := w.conn.CloseSession(ctx, acpsdk.CloseSessionRequest{SessionId: s1}); err != nil {
-		t.Fatalf("session/close: %v", err)
+	if got := w.prompt(t, ctx, s2, "run pwd"); got != "exit=0 output="+other+"\n" {
+		t.Errorf("second session's cwd: %q", got)
 	}
-	eventually(t, "closed session's container removed", 60*time.Second, func() bool {
-		return len(sessionContainersOf(t, w.cmd.Process.Pid)) == 1
-	})
+	// A loaded session gets its container back.
+	if _, err := w.conn.LoadSession(ctx, acpsdk.LoadSessionRequest{SessionId: s2, Cwd: other, McpServers: []acpsdk.McpServer{}}); err != nil {
+		t.Fatalf("session/load: %v", err)
+	}
+	if c := w.containerOf(t, ctx, s2); c != c2 {
+		t.Errorf("loaded session runs in %.12s, not in its container %.12s", c, c2)
+	}
+	exists := func(id string) bool { return slices.Contains(containersOf(t, w.cmd.Process.Pid), id) }
+	for _, c := range []struct {
+		sid acpsdk.SessionId
+		id  string
+	}{{s1, c1}, {s2, c2}} {
+		if _, err := w.conn.CloseSession(ctx, acpsdk.CloseSessionRequest{SessionId: c.sid}); err != nil {
+			t.Fatalf("session/close: %v", err)
+		}
+		eventually(t, "closed session's container removed", 60*time.Second, func() bool { return !exists(c.id) })
+	}
+	if ids := sessionContainersOf(t, w.cmd.Process.Pid); len(ids) > 0 {
+		t.Errorf("containers left after both sessions closed: %v", ids)
+	}
 }
 
 func TestWrapAgentCrashLeavesNothing(t *testing.T) {
@@ -324,6 +544,27 @@ func TestWrapAgentCrashLeavesNothing(t *testing.T) {
 	assertNoContainers(t, w.cmd.Process.Pid)
 }
 
+func TestWrapAgentExitPassesItsLastWordsOn(t *testing.T) {
+	ws := workspace(t)
+	w := startWrap(t, ws, acpsdk.ClientCapabilities{})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sid := w.newSession(t, ctx, ws)
+	w.conn.Prompt(ctx, acpsdk.PromptRequest{SessionId: sid, Prompt: []acpsdk.ContentBlock{acpsdk.TextBlock("quit 5")}})
+	select {
+	case <-w.done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("wrap did not exit after the agent did")
+	}
+	<-w.conn.Done()
+	if msgs := w.ed.messages(); len(msgs) == 0 || msgs[len(msgs)-1] != "bye" {
+		t.Errorf("the agent's last message did not reach the editor: %q", msgs)
+	}
+	if code := w.cmd.ProcessState.ExitCode(); code != 5 {
+		t.Errorf("wrap exit code = %d, want the agent's 5", code)
+	}
+}
+
 func TestWrapEditorEOFLeavesNothing(t *testing.T) {
 	ws := workspace(t)
 	w := startWrap(t, ws, acpsdk.ClientCapabilities{})
@@ -332,14 +573,93 @@ func TestWrapEditorEOFLeavesNothing(t *testing.T) {
 	sid := w.newSession(t, ctx, ws)
 	go w.conn.Prompt(ctx, acpsdk.PromptRequest{SessionId: sid, Prompt: []acpsdk.ContentBlock{acpsdk.TextBlock("run sleep 300")}})
 	eventually(t, "command running", 60*time.Second, func() bool {
-		return len(sessionContainersOf(t, w.cmd.Process.Pid)) == 1
+		return strings.Contains(w.logs.String(), "sleep 300") || len(toolCallTexts(w.ed.rawUpdates())) > 0
 	})
-	// Cleanup closes stdin and checks that no container is left.
+	w.stop(t)
+	if code := w.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Errorf("wrap exit code after editor EOF = %d, want 0", code)
+	}
+	assertNoContainers(t, w.cmd.Process.Pid)
 }
 
-func TestWrapAgentThatCannotStart(t *testing.T) {
-	out, err := exec.Command(testEnv.bin, "wrap", "--config", testEnv.config, "--", "/no/such/agent").CombinedOutput()
-	if err == nil || !strings.Contains(string(out), "start agent") || !strings.Contains(string(out), "/no/such/agent") {
-		t.Errorf("err %v, output %q: want a failure naming the agent", err, out)
+func TestWrapRefusesToStart(t *testing.T) {
+	notExec := filepath.Join(t.TempDir(), "agent")
+	if err := os.WriteFile(notExec, []byte("#!/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
 	}
+	tests := []struct {
+		name string
+		args []string
+		want []string // in the message
+	}{
+		{"missing agent", []string{"--", "/no/such/agent"}, []string{"start agent", "/no/such/agent", "no such file"}},
+		{"agent not in PATH", []string{"--", "no-such-agent-anywhere"}, []string{"start agent", "no-such-agent-anywhere", "not found"}},
+		{"agent not executable", []string{"--", notExec}, []string{"start agent", notExec, "permission denied"}},
+		{"no agent", nil, []string{"no agent given"}},
+		{"memory above the maximum", []string{"--memory", "64GiB", "--", "true"}, []string{"memory", "maximum"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"wrap", "--config", testEnv.config}, tc.args...)
+			cmd := exec.Command(testEnv.bin, args...)
+			cmd.Stdin = bytes.NewReader(nil)
+			out, err := cmd.CombinedOutput()
+			if err == nil {
+				t.Fatalf("wrap %v succeeded: %s", tc.args, out)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(string(out), w) {
+					t.Errorf("message %q does not say %q", out, w)
+				}
+			}
+		})
+	}
+}
+
+func TestWrapKillsAnAgentThatIgnoresSIGTERM(t *testing.T) {
+	ws := workspace(t)
+	// A launcher that ignores SIGTERM and the end of its input, with a
+	// child of its own, as wrapper scripts have.
+	cmd := exec.Command(testEnv.bin, "wrap", "--config", testEnv.config, "--agent-grace", "500ms", "--",
+		"/bin/sh", "-c", `trap "" TERM; sleep 300 & echo "{\"pid\":$!}"; while :; do sleep 1; done`)
+	cmd.Dir = ws
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &lockedBuffer{}
+	cmd.Stderr = logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var child struct{ Pid int }
+	if err := json.NewDecoder(stdout).Decode(&child); err != nil || child.Pid == 0 {
+		cmd.Process.Kill()
+		t.Fatalf("the agent's first line: %v", err)
+	}
+	t0 := time.Now()
+	stdin.Close()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("wrap: %v\n%s", err, logs.String())
+		}
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("wrap did not stop the agent:\n%s", logs.String())
+	}
+	if d := time.Since(t0); d < 500*time.Millisecond {
+		t.Errorf("wrap exited after %v, before the grace period", d)
+	}
+	eventually(t, "the agent's child killed with it", 10*time.Second, func() bool {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", child.Pid))
+		return err != nil || strings.Contains(string(b), ") Z ") // gone, or a zombie not reaped yet
+	})
+	assertNoContainers(t, cmd.Process.Pid)
 }

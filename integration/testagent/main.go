@@ -7,10 +7,14 @@
 //	run LINE      runs LINE in a terminal embedded in a tool call, then
 //	              reports "exit=... output=..."
 //	crash LINE    starts LINE in a terminal and exits with code 3
+//	quit N        says "bye" and exits with code N at once
+//	garbage       writes a line that is not JSON to stdout, then says "ok"
 //	permission    asks for permission and reports the chosen option
 //	read PATH     reads a file through the client and reports it
 //
-// Anything else is echoed back.
+// Anything else is echoed back. With TESTAGENT_TRANSCRIPT=PREFIX set, it
+// records the bytes it reads in PREFIX.in and those it writes in
+// PREFIX.out, for tests that check what the relay passed on.
 package main
 
 import (
@@ -19,7 +23,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -29,6 +35,8 @@ import (
 type agent struct {
 	acp.Agent // methods the tests never call
 	conn      *acp.AgentSideConnection
+	ready     chan struct{} // closed once conn is set: the SDK reads before it returns it
+	stdout    io.Writer
 
 	mu       sync.Mutex
 	caps     acp.ClientCapabilities
@@ -84,6 +92,7 @@ func (a *agent) say(ctx context.Context, sid acp.SessionId, text string) error {
 }
 
 func (a *agent) Prompt(ctx context.Context, p acp.PromptRequest) (acp.PromptResponse, error) {
+	<-a.ready
 	var text string
 	for _, b := range p.Prompt {
 		if b.Text != nil {
@@ -103,6 +112,13 @@ func (a *agent) Prompt(ctx context.Context, p acp.PromptRequest) (acp.PromptResp
 		reply = string(b)
 	case "run":
 		reply, err = a.run(ctx, p.SessionId, cwd, arg)
+	case "quit":
+		code, _ := strconv.Atoi(arg)
+		a.say(ctx, p.SessionId, "bye")
+		os.Exit(code)
+	case "garbage":
+		_, err = io.WriteString(a.stdout, "this is not JSON\n")
+		reply = "ok"
 	case "crash":
 		_, err = a.conn.CreateTerminal(ctx, acp.CreateTerminalRequest{SessionId: p.SessionId, Command: "/bin/sh", Args: []string{"-c", arg}, Cwd: &cwd})
 		if err == nil {
@@ -157,12 +173,14 @@ func (a *agent) run(ctx context.Context, sid acp.SessionId, cwd, line string) (s
 	if err != nil {
 		return "", err
 	}
+	// Released before the last update: the client keeps showing the
+	// output of a terminal embedded in a tool call after release.
+	if _, err := a.conn.ReleaseTerminal(ctx, acp.ReleaseTerminalRequest{SessionId: sid, TerminalId: t.TerminalId}); err != nil {
+		return "", err
+	}
 	if err := a.conn.SessionUpdate(ctx, acp.SessionNotification{SessionId: sid, Update: acp.UpdateToolCall(call,
 		acp.WithUpdateStatus(acp.ToolCallStatusCompleted),
 		acp.WithUpdateContent([]acp.ToolCallContent{acp.ToolTerminalRef(t.TerminalId)}))}); err != nil {
-		return "", err
-	}
-	if _, err := a.conn.ReleaseTerminal(ctx, acp.ReleaseTerminalRequest{SessionId: sid, TerminalId: t.TerminalId}); err != nil {
 		return "", err
 	}
 	code := "null"
@@ -173,7 +191,23 @@ func (a *agent) run(ctx context.Context, sid acp.SessionId, cwd, line string) (s
 }
 
 func main() {
-	a := &agent{sessions: make(map[string]string)}
-	a.conn = acp.NewAgentSideConnection(a, os.Stdout, os.Stdin)
+	var in io.Reader = os.Stdin
+	var out io.Writer = os.Stdout
+	if prefix := os.Getenv("TESTAGENT_TRANSCRIPT"); prefix != "" {
+		fin, err := os.Create(prefix + ".in")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		fout, err := os.Create(prefix + ".out")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		in, out = io.TeeReader(in, fin), io.MultiWriter(out, fout)
+	}
+	a := &agent{sessions: make(map[string]string), stdout: out, ready: make(chan struct{})}
+	a.conn = acp.NewAgentSideConnection(a, out, in)
+	close(a.ready)
 	<-a.conn.Done()
 }

@@ -1,0 +1,71 @@
+package acp
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+)
+
+// readRaw returns the next line that is not blank, newline included, for a
+// relay that forwards most lines untouched. A line that fits the read
+// buffer is returned in place, without a copy: it is valid only until the
+// next read. A last line without a newline gets one. A line longer than
+// MaxMessageSize is skipped and reported as errTooLong.
+func (s *LineStream) readRaw() ([]byte, error) {
+	for {
+		line, err := s.r.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) {
+			line, err = s.readLong(line)
+		}
+		if errors.Is(err, errTooLong) {
+			return nil, err
+		}
+		if len(bytes.TrimSpace(line)) > 0 {
+			if line[len(line)-1] != '\n' {
+				line = append(line[:len(line):len(line)], '\n')
+			}
+			return line, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+}
+
+// readLong reads the rest of a line longer than the read buffer into a
+// copy.
+func (s *LineStream) readLong(head []byte) ([]byte, error) {
+	line := append([]byte(nil), head...)
+	for {
+		chunk, err := s.r.ReadSlice('\n')
+		if len(line)+len(chunk) > MaxMessageSize {
+			// Skip the rest of the line so the next message still parses.
+			for errors.Is(err, bufio.ErrBufferFull) {
+				_, err = s.r.ReadSlice('\n')
+			}
+			return nil, errTooLong
+		}
+		line = append(line, chunk...)
+		if !errors.Is(err, bufio.ErrBufferFull) {
+			if errors.Is(err, io.EOF) && len(line) > 0 {
+				err = nil
+			}
+			return line, err
+		}
+	}
+}
+
+// writeRaw writes one line that already ends with its newline, in one
+// write, so a reader never sees half a message.
+func (s *LineStream) writeRaw(line []byte) error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	_, err := s.w.Write(line)
+	return err
+}
+
+// trimEOL returns line without its line ending.
+func trimEOL(line []byte) []byte {
+	return bytes.TrimRight(line, "\r\n")
+}
