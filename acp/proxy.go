@@ -177,18 +177,30 @@ func mayConcernProxy(line []byte) bool {
 	return containsAny(line, `"initialize"`, `"session/new"`, `"session/load"`, `"session/resume"`, `"session/close"`, `"session/delete"`)
 }
 
-func (p *Proxy) fromEditor() error {
+// next reads one line from a side, skipping over-long ones; at the end of
+// the stream it returns closed.
+func (p *Proxy) next(s *LineStream, side string, closed error) ([]byte, error) {
 	for {
-		line, err := p.editor.readRaw()
+		line, err := s.readRaw()
 		if errors.Is(err, errTooLong) {
-			p.log.Warn("dropped an over-long message from the editor")
+			p.log.Warn("dropped an over-long message from the " + side)
 			continue
 		}
 		if err != nil {
 			if !errors.Is(err, io.EOF) {
-				p.log.Warn("read from editor", "err", err)
+				p.log.Warn("read from "+side, "err", err)
 			}
-			return ErrEditorClosed
+			return nil, closed
+		}
+		return line, nil
+	}
+}
+
+func (p *Proxy) fromEditor() error {
+	for {
+		line, err := p.next(p.editor, "editor", ErrEditorClosed)
+		if err != nil {
+			return err
 		}
 		if mayConcernProxy(line) {
 			var m message
@@ -219,16 +231,9 @@ func mayNeedProxy(line []byte) bool {
 
 func (p *Proxy) fromAgent() error {
 	for {
-		line, err := p.agent.readRaw()
-		if errors.Is(err, errTooLong) {
-			p.log.Warn("dropped an over-long message from the agent")
-			continue
-		}
+		line, err := p.next(p.agent, "agent", ErrAgentClosed)
 		if err != nil {
-			if !errors.Is(err, io.EOF) {
-				p.log.Warn("read from agent", "err", err)
-			}
-			return ErrAgentClosed
+			return err
 		}
 		body := trimEOL(line)
 		if !isObject(body) {

@@ -28,7 +28,7 @@ import (
 const usage = `sandboxd runs AI agents' shell commands in hardened per-session containers.
 
 Usage:
-  sandboxd wrap [--config FILE] -- AGENT [ARGS...]
+  sandboxd wrap [--config FILE] [--cpus N] [--memory SIZE] [--pids N] [--network NAME] [--image REF] [--agent-grace D] -- AGENT [ARGS...]
   sandboxd serve [--listen stdio|unix:PATH] [--config FILE]
   sandboxd run [--cpus N] [--memory SIZE] [--pids N] [--network NAME] [--image REF] [--config FILE] -- CMD [ARGS...]
   sandboxd image build [--ref REF]
