@@ -52,8 +52,10 @@ type Config struct {
 	Origins []string
 	// MaxContent bounds the content a terminal's state holds, in bytes.
 	MaxContent int
-	// ReplayActions is how many recent actions reconnect can replay.
+	// ReplayActions and ReplayBytes bound the recent actions reconnect can
+	// replay, in number and in bytes of terminal data.
 	ReplayActions int
+	ReplayBytes   int
 	// Workspace is the default working directory of new terminals.
 	Workspace string
 	Sessions  SessionFor
@@ -71,7 +73,9 @@ type Server struct {
 	terms  map[string]*terminal
 	conns  map[*conn]struct{}
 	replay []Envelope
-	wg     sync.WaitGroup
+	// replayBytes is the terminal data held in replay.
+	replayBytes int
+	wg          sync.WaitGroup
 }
 
 // Envelope carries an action on a channel.
@@ -96,6 +100,9 @@ func NewServer(ctx context.Context, cfg Config, log *slog.Logger) *Server {
 	}
 	if cfg.ReplayActions <= 0 {
 		cfg.ReplayActions = 4096
+	}
+	if cfg.ReplayBytes <= 0 {
+		cfg.ReplayBytes = 8 << 20
 	}
 	return &Server{
 		cfg:   cfg,
@@ -220,22 +227,35 @@ func (s *Server) emitLocked(channel string, a Action, origin *Origin) {
 	if channel == RootURI {
 		s.root = ReduceRoot(s.root, a)
 	} else if t, ok := s.terms[channel]; ok {
-		t.state = ReduceTerminal(t.state, a)
 		if a.Type == "terminal/data" {
-			TrimContent(&t.state, s.cfg.MaxContent)
+			t.appendData(a.Data, s.cfg.MaxContent)
+		} else {
+			t.fold(s.cfg.MaxContent)
+			t.state = ReduceTerminal(t.state, a)
 		}
 	} else {
 		return
 	}
 	s.seq++
 	env := Envelope{Channel: channel, Action: a, ServerSeq: s.seq, Origin: origin}
-	if len(s.replay) >= s.cfg.ReplayActions {
-		s.replay = slices.Delete(s.replay, 0, len(s.replay)/4+1)
-	}
 	s.replay = append(s.replay, env)
-	msg := notification("action", env)
+	s.replayBytes += len(a.Data)
+	if len(s.replay) > s.cfg.ReplayActions || s.replayBytes > s.cfg.ReplayBytes {
+		// Drop at least a quarter, so the copy is paid rarely; a reconnect
+		// from before what is kept gets snapshots.
+		drop, quarter := 0, len(s.replay)/4
+		for drop < len(s.replay)-1 && (drop < quarter || len(s.replay)-drop > s.cfg.ReplayActions || s.replayBytes > s.cfg.ReplayBytes) {
+			s.replayBytes -= len(s.replay[drop].Action.Data)
+			drop++
+		}
+		s.replay = slices.Delete(s.replay, 0, drop)
+	}
+	var msg []byte
 	for c := range s.conns {
 		if c.subscribed(channel) {
+			if msg == nil {
+				msg = notification("action", env)
+			}
 			c.send(msg)
 		}
 	}
@@ -257,6 +277,7 @@ func (s *Server) snapshotLocked(channel string) (map[string]any, bool) {
 	if channel == RootURI {
 		state = s.root
 	} else if t, ok := s.terms[channel]; ok {
+		t.fold(s.cfg.MaxContent)
 		state = t.state
 	} else {
 		return nil, false

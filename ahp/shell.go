@@ -3,13 +3,9 @@ package ahp
 // ShellIntegration is the bash script injected into every terminal's shell
 // as its rc file. It marks prompts (OSC 633 A and B), the command line and
 // its start (E with the terminal's nonce, then C), its end with the exit
-// code (D) and the working directory (P;Cwd=). The nonce comes from
-// SANDBOXD_NONCE, which it removes from the environment, so a program in the
-// terminal cannot forge command lines.
-const ShellIntegration = `unset SANDBOXD_SHELL_INTEGRATION
-__sbx_nonce=$SANDBOXD_NONCE
-unset SANDBOXD_NONCE
-HISTCONTROL=
+// code (D) and the working directory (P;Cwd=). shellLauncher sets
+// __sbx_nonce before it runs.
+const ShellIntegration = `HISTCONTROL=
 HISTFILE=
 __sbx_ready=0
 __sbx_running=0
@@ -45,9 +41,16 @@ trap '__sbx_preexec' DEBUG
 `
 
 // shellLauncher starts bash with ShellIntegration as its rc file when the
-// image has bash, and a plain sh otherwise (no command detection then).
+// image has bash, and a plain sh otherwise (no command detection then). The
+// script and the nonce arrive in the environment; the interactive shell is
+// started without them, so no program in the terminal finds the nonce in
+// /proc/*/environ and forges command lines with it. Only the process that
+// writes the rc file, gone before the first prompt, still has them.
 const shellLauncher = `if command -v bash >/dev/null 2>&1; then
-	exec bash -c 'exec bash --noprofile --rcfile <(printf "%s" "$SANDBOXD_SHELL_INTEGRATION") -i'
+	exec bash -c '
+		rc=$SANDBOXD_SHELL_INTEGRATION nonce=$SANDBOXD_NONCE
+		unset SANDBOXD_SHELL_INTEGRATION SANDBOXD_NONCE
+		exec bash --noprofile --rcfile <(printf "__sbx_nonce=%s\n%s" "$nonce" "$rc") -i'
 fi
 unset SANDBOXD_SHELL_INTEGRATION SANDBOXD_NONCE
 exec sh -i`

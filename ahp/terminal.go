@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"github.com/sandboxd/sandboxd/ahp/osc633"
 	"github.com/sandboxd/sandboxd/sandbox"
@@ -21,8 +22,15 @@ type terminal struct {
 	session *sandbox.Session
 	t       *sandbox.Terminal
 	state   TerminalState
+	// unfolded is terminal data not yet reduced into state: appending to
+	// the state's last part copies it, so data is gathered here and
+	// reduced in one go, when the state is read or this reaches the cap.
+	unfolded []byte
 
-	// Read by the pump goroutine only.
+	// ready is closed once state is set up; output waits for it.
+	ready chan struct{}
+
+	// Used by the exec's output goroutine only, then by wait.
 	parser    *osc633.Parser
 	detecting bool
 	line      string
@@ -31,10 +39,6 @@ type terminal struct {
 	running   bool
 	carry     []byte // a character cut in half at the end of a read
 }
-
-// ptyOutputLimit bounds what a terminal's exec buffers between two reads of
-// the pump.
-const ptyOutputLimit = 1 << 20
 
 func (s *Server) createTerminal(ctx context.Context, params json.RawMessage) (any, *rpcError) {
 	var p struct {
@@ -67,13 +71,14 @@ func (s *Server) createTerminal(ctx context.Context, params json.RawMessage) (an
 		return nil, &rpcError{Code: codeAlreadyExists, Message: fmt.Sprintf("terminal %s already exists", p.Channel)}
 	}
 	// Reserve the URI while the exec starts.
-	t := &terminal{uri: p.Channel, s: s}
+	t := &terminal{uri: p.Channel, s: s, ready: make(chan struct{})}
 	s.terms[p.Channel] = t
 	s.mu.Unlock()
 	fail := func(e *rpcError) (any, *rpcError) {
 		s.mu.Lock()
 		delete(s.terms, p.Channel)
 		s.mu.Unlock()
+		close(t.ready)
 		return nil, e
 	}
 	sess, err := s.cfg.Sessions(ctx, dir)
@@ -87,7 +92,10 @@ func (s *Server) createTerminal(ctx context.Context, params json.RawMessage) (an
 	if p.Cols == 0 || p.Rows == 0 {
 		cols, rows = 80, 24
 	}
-	limit := int64(ptyOutputLimit)
+	// The output goes to the terminal as it arrives, in the goroutine that
+	// reads it: every hop between the PTY and the clients adds latency to
+	// each keystroke. The exec's own buffer keeps nothing.
+	var limit int64
 	run, err := sess.Start(ctx, sandbox.Command{
 		Command: "/bin/sh", Args: []string{"-c", shellLauncher},
 		Env: []sandbox.EnvVar{
@@ -96,6 +104,7 @@ func (s *Server) createTerminal(ctx context.Context, params json.RawMessage) (an
 			{Name: "TERM", Value: "xterm-256color"},
 		},
 		Cwd: dir, TTY: true, Cols: cols, Rows: rows, OutputLimit: &limit,
+		Stdout: ptyOutput{t},
 	})
 	if err != nil {
 		return fail(invalid("createTerminal: %v", err))
@@ -109,10 +118,11 @@ func (s *Server) createTerminal(ctx context.Context, params json.RawMessage) (an
 	t.state = TerminalState{Title: title, Cwd: fileURI(dir), Cols: int(cols), Rows: int(rows), Content: []ContentPart{}, Claim: *p.Claim}
 	s.terminalsChangedLocked()
 	s.mu.Unlock()
+	close(t.ready)
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		t.pump()
+		t.wait()
 	}()
 	return nil, nil
 }
@@ -154,6 +164,34 @@ func (t *terminal) dispose(ctx context.Context) error {
 		return fmt.Errorf("dispose terminal %s: %w", t.uri, err)
 	}
 	return nil
+}
+
+// appendData adds terminal data to the state, keeping at most max bytes of
+// content. s.mu must be held.
+func (t *terminal) appendData(data string, max int) {
+	t.unfolded = append(t.unfolded, data...)
+	if len(t.unfolded) >= max {
+		t.fold(max)
+	}
+}
+
+// fold reduces the gathered data into the state. s.mu must be held.
+func (t *terminal) fold(max int) {
+	if len(t.unfolded) == 0 {
+		return
+	}
+	data := t.unfolded
+	if len(data) > max {
+		// All older content goes anyway; only the last max bytes matter.
+		cut := len(data) - max
+		for cut < len(data) && !utf8.RuneStart(data[cut]) {
+			cut++
+		}
+		data = data[cut:]
+	}
+	t.state = ReduceTerminal(t.state, Action{Type: "terminal/data", Data: string(data)})
+	TrimContent(&t.state, max)
+	t.unfolded = t.unfolded[:0]
 }
 
 // apply carries out a client's action on a channel and returns why it was
@@ -201,54 +239,55 @@ func (s *Server) apply(channel string, a Action, origin *Origin) string {
 	return ""
 }
 
-// pump turns the exec's output into actions: data with the shell
+// ptyOutput turns the exec's output into actions: data with the shell
 // integration's sequences stripped, and the command, cwd and title events
 // they carried.
-func (t *terminal) pump() {
-	s := t.s
-	buf := t.t.Buffer()
-	var offset int64
-	for {
-		changed := buf.Changed()
-		data, next := buf.Since(offset)
-		offset = next
-		if len(data) > 0 {
-			t.process(data)
-			continue
-		}
-		if t.t.Exited() {
-			if data, _ := buf.Since(offset); len(data) > 0 {
-				continue
-			}
-			if len(t.carry) > 0 {
-				t.process(nil)
-			}
-			_, _, st := t.t.Output()
-			a := Action{Type: "terminal/exited"}
-			if st != nil && st.ExitCode != nil {
-				a.ExitCode = st.ExitCode
-			}
-			s.emit(t.uri, a, nil)
-			s.mu.Lock()
-			if s.terms[t.uri] == t {
-				s.terminalsChangedLocked()
-			}
-			s.mu.Unlock()
-			return
-		}
-		select {
-		case <-changed:
-		case <-t.t.Done():
-		case <-s.ctx.Done():
-			return
-		}
-	}
+type ptyOutput struct{ t *terminal }
+
+func (o ptyOutput) Write(p []byte) (int, error) {
+	<-o.t.ready
+	o.t.process(p, false)
+	return len(p), nil
 }
 
-func (t *terminal) process(data []byte) {
+// wait reports the terminal's exit once its output is all processed.
+func (t *terminal) wait() {
+	s := t.s
+	select {
+	case <-t.t.Done():
+	case <-s.ctx.Done():
+		return
+	}
+	if len(t.carry) > 0 {
+		t.process(nil, true)
+	}
+	_, _, st := t.t.Output()
+	a := Action{Type: "terminal/exited"}
+	if st != nil && st.ExitCode != nil {
+		a.ExitCode = st.ExitCode
+	}
+	t.emitListed(a)
+}
+
+// emitListed emits an action that changes what the root channel lists of
+// the terminal, and the new list with it.
+func (t *terminal) emitListed(a Action) {
+	s := t.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.terms[t.uri] != t {
+		return
+	}
+	s.emitLocked(t.uri, a, nil)
+	s.terminalsChangedLocked()
+}
+
+// process feeds output to the parser and emits what comes out. Unless the
+// output is final, a character cut in half at its end waits for the rest.
+func (t *terminal) process(data []byte, final bool) {
 	data = append(t.carry, data...)
 	t.carry = nil
-	if cut := sandbox.IncompleteTail(data); cut > 0 && !t.t.Exited() {
+	if cut := sandbox.IncompleteTail(data); cut > 0 && !final {
 		t.carry = append([]byte(nil), data[len(data)-cut:]...)
 		data = data[:len(data)-cut]
 	}
@@ -299,6 +338,6 @@ func (t *terminal) event(ev osc633.Event) {
 			}
 		}
 	case 'T':
-		s.emit(t.uri, Action{Type: "terminal/titleChanged", Title: ev.Title}, nil)
+		t.emitListed(Action{Type: "terminal/titleChanged", Title: ev.Title})
 	}
 }

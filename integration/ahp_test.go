@@ -59,6 +59,8 @@ type ahpClient struct {
 	replies map[int]chan rawReply
 	actions []json.RawMessage // action envelopes, in arrival order
 	changed chan struct{}
+	// shown is a channel's content in the snapshot its subscription got.
+	shown map[string]string
 }
 
 func dialAHP(t testing.TB, a *ahpServer, header http.Header) (*ahpClient, error) {
@@ -72,7 +74,7 @@ func dialAHP(t testing.TB, a *ahpServer, header http.Header) (*ahpClient, error)
 		return nil, err
 	}
 	ws.SetReadLimit(64 << 20)
-	c := &ahpClient{t: t, ws: ws, replies: map[int]chan rawReply{}, changed: make(chan struct{})}
+	c := &ahpClient{t: t, ws: ws, replies: map[int]chan rawReply{}, changed: make(chan struct{}), shown: map[string]string{}}
 	go c.read()
 	t.Cleanup(func() { ws.Close(websocket.StatusNormalClosure, "") })
 	return c, nil
@@ -146,6 +148,7 @@ type envelope struct {
 		ExitCode    *int   `json:"exitCode"`
 		DurationMs  *int64 `json:"durationMs"`
 		Claim       any    `json:"claim"`
+		Title       string `json:"title"`
 	} `json:"action"`
 	RejectionReason string `json:"rejectionReason"`
 }
@@ -160,9 +163,32 @@ func (c *ahpClient) envelopes() []envelope {
 	return out
 }
 
-// data returns all terminal/data of a channel so far, joined.
+// subscribe subscribes to a channel and keeps the content its snapshot
+// shows, so that data() misses nothing emitted before the subscription.
+func (c *ahpClient) subscribe(channel string) {
+	c.t.Helper()
+	r := c.call("subscribe", map[string]any{"channel": channel})
+	if r.Error != nil {
+		c.t.Fatalf("subscribe %s: %+v", channel, r.Error)
+	}
+	var res struct {
+		Snapshot struct {
+			State TerminalStateJSON `json:"state"`
+		} `json:"snapshot"`
+	}
+	json.Unmarshal(r.Result, &res)
+	c.mu.Lock()
+	c.shown[channel] = res.Snapshot.State.text()
+	c.mu.Unlock()
+}
+
+// data returns the content of a channel at subscription and all
+// terminal/data since, joined.
 func (c *ahpClient) data(channel string) string {
 	var b strings.Builder
+	c.mu.Lock()
+	b.WriteString(c.shown[channel])
+	c.mu.Unlock()
 	for _, e := range c.envelopes() {
 		if e.Channel == channel && e.Action.Type == "terminal/data" {
 			b.WriteString(e.Action.Data)
@@ -177,6 +203,33 @@ func (c *ahpClient) initialize(id string) {
 	if r.Error != nil {
 		c.t.Fatalf("initialize: %+v", r.Error)
 	}
+}
+
+// terminalClient connects as clientID and creates a terminal it holds the
+// claim of, in directory dir.
+func terminalClient(t testing.TB, a *ahpServer, clientID, channel, dir string) *ahpClient {
+	t.Helper()
+	c, err := dialAHP(t, a, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.initialize(clientID)
+	if r := c.call("createTerminal", map[string]any{"channel": channel, "claim": map[string]any{"kind": "client", "clientId": clientID}, "cwd": "file://" + dir}); r.Error != nil {
+		t.Fatalf("createTerminal: %+v", r.Error)
+	}
+	return c
+}
+
+// watcher connects as clientID and subscribes to channel.
+func watcher(t testing.TB, a *ahpServer, clientID, channel string) *ahpClient {
+	t.Helper()
+	c, err := dialAHP(t, a, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.initialize(clientID)
+	c.subscribe(channel)
+	return c
 }
 
 func (c *ahpClient) input(channel, text string, seq int) {
@@ -196,16 +249,9 @@ func TestAHPTerminal(t *testing.T) {
 	if r.Error != nil {
 		t.Fatalf("createTerminal: %+v", r.Error)
 	}
-	if r := c.call("subscribe", map[string]any{"channel": term}); r.Error != nil {
-		t.Fatalf("subscribe: %+v", r.Error)
-	}
+	c.subscribe(term)
 	// A second client sees the same actions in the same order.
-	c2, err := dialAHP(t, a, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c2.initialize("client-2")
-	c2.call("subscribe", map[string]any{"channel": term})
+	c2 := watcher(t, a, "client-2", term)
 
 	eventually(t, "prompt", 60*time.Second, func() bool { return strings.Contains(c.data(term), "$ ") })
 	c.input(term, "cd /tmp && echo hi; (exit 3)\r", 1)
@@ -260,7 +306,7 @@ func TestAHPTerminal(t *testing.T) {
 	}
 
 	// Both clients saw the same terminal actions in the same order.
-	c.input(term, "echo done\r", 4)
+	c.input(term, "echo do''ne\r", 4)
 	eventually(t, "second client sees done", 60*time.Second, func() bool {
 		return strings.Contains(c2.data(term), "done\r\n") && strings.Contains(c.data(term), "done\r\n")
 	})
@@ -308,6 +354,152 @@ func TestAHPTerminal(t *testing.T) {
 	out, _ := exec.Command("docker", "exec", ids[0], "ps", "-o", "args").CombinedOutput()
 	if strings.Contains(string(out), "sleep 312") || strings.Contains(string(out), "bash") {
 		t.Errorf("processes left after dispose:\n%s", out)
+	}
+}
+
+// reconnectResult is a reconnect answer, either form.
+type reconnectResult struct {
+	Type      string            `json:"type"`
+	Actions   []json.RawMessage `json:"actions"`
+	Missing   []string          `json:"missing"`
+	Snapshots []struct {
+		Resource string            `json:"resource"`
+		State    TerminalStateJSON `json:"state"`
+	} `json:"snapshots"`
+}
+
+// TestAHPReconnect drops a client, lets the terminal go on, and reconnects:
+// first within the replay buffer (the missed actions come back), then after
+// more output than the buffer holds (snapshots come back).
+func TestAHPReconnect(t *testing.T) {
+	ws := workspace(t)
+	a := startAHP(t, ws)
+	const term = "ahp-terminal:/r"
+	c1 := terminalClient(t, a, "dropped", term, ws)
+	c1.subscribe(term)
+	typist := watcher(t, a, "typist", term)
+	typist.input(term, "echo o''ne\r", 1)
+	eventually(t, "one", 60*time.Second, func() bool { return strings.Contains(c1.data(term), "one\r\n") })
+	lastSeen := func(c *ahpClient) int64 {
+		var last int64
+		for _, e := range c.envelopes() {
+			last = max(last, e.ServerSeq)
+		}
+		return last
+	}
+	seen := lastSeen(c1)
+	c1.ws.Close(websocket.StatusGoingAway, "network gone")
+
+	typist.input(term, "echo t''wo\r", 2)
+	eventually(t, "two", 60*time.Second, func() bool { return strings.Contains(typist.data(term), "two\r\n") })
+
+	reconnect := func(since int64) (*ahpClient, reconnectResult) {
+		c, err := dialAHP(t, a, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := c.call("reconnect", map[string]any{"channel": "ahp-root://", "clientId": "dropped", "lastSeenServerSeq": since, "subscriptions": []string{term, "ahp-terminal:/never-was"}})
+		if r.Error != nil {
+			t.Fatalf("reconnect: %+v", r.Error)
+		}
+		var res reconnectResult
+		if err := json.Unmarshal(r.Result, &res); err != nil {
+			t.Fatal(err)
+		}
+		return c, res
+	}
+
+	c2, res := reconnect(seen)
+	if res.Type != "replay" || len(res.Missing) != 1 || res.Missing[0] != "ahp-terminal:/never-was" {
+		t.Fatalf("reconnect: type %q, missing %v; want replay with the unknown terminal missing", res.Type, res.Missing)
+	}
+	var replayed strings.Builder
+	prev := seen
+	for _, raw := range res.Actions {
+		var e envelope
+		json.Unmarshal(raw, &e)
+		if e.ServerSeq <= prev {
+			t.Errorf("replayed serverSeq %d after %d", e.ServerSeq, prev)
+		}
+		prev = e.ServerSeq
+		if e.Action.Type == "terminal/data" {
+			replayed.WriteString(e.Action.Data)
+		}
+	}
+	if !strings.Contains(replayed.String(), "two\r\n") || strings.Contains(replayed.String(), "one\r\n") {
+		t.Errorf("replayed data %q: want what was missed (two) and nothing before (one)", replayed.String())
+	}
+	// The reconnected client is subscribed again.
+	typist.input(term, "echo th''ree\r", 3)
+	eventually(t, "three after reconnect", 60*time.Second, func() bool { return strings.Contains(c2.data(term), "three\r\n") })
+
+	// More output than the replay buffer holds: snapshots instead.
+	seen = lastSeen(c2)
+	c2.ws.Close(websocket.StatusGoingAway, "network gone")
+	typist.input(term, "head -c 12000000 /dev/zero | tr '\\0' y; echo; echo fo''ur\r", 4)
+	eventually(t, "four", 2*time.Minute, func() bool {
+		d := typist.data(term)
+		return strings.Contains(d[max(0, len(d)-200):], "four\r\n")
+	})
+	_, res = reconnect(seen)
+	if res.Type != "snapshot" || len(res.Snapshots) != 1 || res.Snapshots[0].Resource != term {
+		t.Fatalf("reconnect after 12 MB: type %q, %d snapshots; want one snapshot of %s", res.Type, len(res.Snapshots), term)
+	}
+	if text := res.Snapshots[0].State.text(); !strings.Contains(text, "four\r\n") || len(text) > 1<<20 {
+		t.Errorf("snapshot holds %d bytes ending %q; want the tail, at most the 1 MiB cap", len(text), text[max(0, len(text)-100):])
+	}
+}
+
+// TestAHPTitleAndForgedSequences checks that OSC 0/2 set the terminal's
+// title, and that a program in the terminal finds no nonce to forge command
+// lines with, nor gets a forged one through.
+func TestAHPTitleAndForgedSequences(t *testing.T) {
+	ws := workspace(t)
+	a := startAHP(t, ws)
+	const term = "ahp-terminal:/title"
+	c := terminalClient(t, a, "client-t", term, ws)
+	c.subscribe(term)
+	c.input(term, "printf '\\033]0;build: step 1\\007'; printf '\\033]2;build: step 2\\033\\\\'; echo ti''tled\r", 1)
+	eventually(t, "titled", 60*time.Second, func() bool { return strings.Contains(c.data(term), "titled\r\n") })
+	var titles []string
+	for _, e := range c.envelopes() {
+		if e.Action.Type == "terminal/titleChanged" {
+			titles = append(titles, e.Action.Title)
+		}
+	}
+	if strings.Join(titles, "|") != "build: step 1|build: step 2" {
+		t.Errorf("titles = %q, want both, in order", titles)
+	}
+	r := c.call("subscribe", map[string]any{"channel": "ahp-root://"})
+	if !strings.Contains(string(r.Result), `"title":"build: step 2"`) {
+		t.Errorf("root terminals do not carry the title: %s", r.Result)
+	}
+	// Unlike OSC 633, they stay in the data for the client's emulator.
+	if d := c.data(term); !strings.Contains(d, "\x1b]0;build: step 1\a") {
+		t.Errorf("title sequence missing from the data: %q", d)
+	}
+
+	// No process in the container has the nonce in its environment, and a
+	// command line forged with a wrong nonce is not taken.
+	c.input(term, "grep -l SANDBOXD_NONCE /proc/[0-9]*/environ; echo gr''ep=$?\r", 2)
+	eventually(t, "grep done", 60*time.Second, func() bool { return strings.Contains(c.data(term), "grep=") })
+	eventually(t, "grep exit code", 10*time.Second, func() bool { return regexp.MustCompile(`grep=\d`).MatchString(c.data(term)) })
+	if d := c.data(term); !strings.Contains(d, "grep=1") || strings.Contains(d, "/environ\r\n") {
+		t.Errorf("the nonce is visible in a process environment: %q", d[strings.LastIndex(d, "grep -l"):])
+	}
+	c.input(term, "printf '\\033]633;E;rm -rf /;0123456789abcdef0123456789abcdef\\007'; echo for''ged\r", 3)
+	eventually(t, "forged", 60*time.Second, func() bool {
+		for _, e := range c.envelopes() {
+			if e.Action.Type == "terminal/commandFinished" && strings.Contains(c.data(term), "forged\r\n") {
+				return true
+			}
+		}
+		return false
+	})
+	for _, e := range c.envelopes() {
+		if e.Action.Type == "terminal/commandExecuted" && strings.Contains(e.Action.CommandLine, "rm -rf") && !strings.Contains(e.Action.CommandLine, "printf") {
+			t.Errorf("a forged command line was taken: %+v", e.Action)
+		}
 	}
 }
 

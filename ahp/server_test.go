@@ -1,0 +1,156 @@
+package ahp
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+)
+
+func testServer(cfg Config) *Server {
+	s := NewServer(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s.terms["ahp-terminal:/t"] = &terminal{uri: "ahp-terminal:/t", s: s, state: TerminalState{Content: []ContentPart{}}}
+	return s
+}
+
+func TestReplayIsBounded(t *testing.T) {
+	for _, tc := range []struct {
+		name              string
+		actions, bytes    int
+		emit, size        int
+		wantMax, wantData int // most actions kept, most data bytes kept
+	}{
+		{name: "by count", actions: 10, bytes: 1 << 20, emit: 100, size: 1, wantMax: 10, wantData: 10},
+		{name: "by bytes", actions: 1000, bytes: 100, emit: 100, size: 30, wantMax: 4, wantData: 100},
+		{name: "one huge action is kept", actions: 10, bytes: 10, emit: 3, size: 1000, wantMax: 1, wantData: 1000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := testServer(Config{ReplayActions: tc.actions, ReplayBytes: tc.bytes})
+			for range tc.emit {
+				s.emit("ahp-terminal:/t", Action{Type: "terminal/data", Data: strings.Repeat("x", tc.size)}, nil)
+			}
+			held := 0
+			for _, e := range s.replay {
+				held += len(e.Action.Data)
+			}
+			if held != s.replayBytes {
+				t.Errorf("replayBytes = %d, replay holds %d", s.replayBytes, held)
+			}
+			if len(s.replay) == 0 || len(s.replay) > tc.wantMax || held > tc.wantData {
+				t.Errorf("replay holds %d actions, %d bytes; want 1..%d actions, at most %d bytes", len(s.replay), held, tc.wantMax, tc.wantData)
+			}
+			if last := s.replay[len(s.replay)-1].ServerSeq; last != s.seq {
+				t.Errorf("newest replayed action is %d, want %d", last, s.seq)
+			}
+		})
+	}
+}
+
+func TestReconnect(t *testing.T) {
+	s := testServer(Config{ReplayActions: 10})
+	for range 30 {
+		s.emit("ahp-terminal:/t", Action{Type: "terminal/data", Data: "x"}, nil)
+	}
+	c := &conn{s: s, subs: make(map[string]bool)}
+	for _, tc := range []struct {
+		name     string
+		lastSeen int64
+		want     string
+		actions  int
+	}{
+		{name: "within the buffer", lastSeen: 27, want: "replay", actions: 3},
+		{name: "up to date", lastSeen: 30, want: "replay", actions: 0},
+		{name: "before the buffer", lastSeen: 5, want: "snapshot"},
+		{name: "from the future", lastSeen: 99, want: "snapshot"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			params, _ := json.Marshal(map[string]any{"clientId": "c", "lastSeenServerSeq": tc.lastSeen, "subscriptions": []string{"ahp-terminal:/t", "ahp-terminal:/gone"}})
+			res, rerr := c.reconnect(params)
+			if rerr != nil {
+				t.Fatal(rerr)
+			}
+			b, _ := json.Marshal(res)
+			var r struct {
+				Type      string            `json:"type"`
+				Actions   []Envelope        `json:"actions"`
+				Missing   []string          `json:"missing"`
+				Snapshots []json.RawMessage `json:"snapshots"`
+			}
+			json.Unmarshal(b, &r)
+			if r.Type != tc.want {
+				t.Fatalf("type = %q, want %q: %s", r.Type, tc.want, b)
+			}
+			if r.Type == "replay" {
+				if len(r.Actions) != tc.actions || (tc.actions > 0 && r.Actions[0].ServerSeq != tc.lastSeen+1) {
+					t.Errorf("replayed %s", b)
+				}
+				if len(r.Missing) != 1 || r.Missing[0] != "ahp-terminal:/gone" {
+					t.Errorf("missing = %v", r.Missing)
+				}
+			} else if len(r.Snapshots) != 1 {
+				t.Errorf("snapshots: %s", b)
+			}
+		})
+	}
+	if _, rerr := c.reconnect(json.RawMessage(`{"lastSeenServerSeq":1}`)); rerr == nil || rerr.Code != codeInvalidParams {
+		t.Errorf("reconnect without clientId: %+v", rerr)
+	}
+}
+
+// TestFoldMatchesReducer checks that gathering data and reducing it in one
+// go leaves the same state as reducing and trimming action by action.
+func TestFoldMatchesReducer(t *testing.T) {
+	code := 0
+	dur := int64(5)
+	for _, tc := range []struct {
+		name    string
+		max     int
+		actions []Action
+	}{
+		{name: "under the cap", max: 100, actions: []Action{
+			{Type: "terminal/data", Data: "$ "},
+			{Type: "terminal/data", Data: "ls\r\n"},
+		}},
+		{name: "over the cap in small pieces", max: 10, actions: []Action{
+			{Type: "terminal/data", Data: "abcdef"}, {Type: "terminal/data", Data: "ghijkl"}, {Type: "terminal/data", Data: "mnopqr"},
+			{Type: "terminal/data", Data: "stuvwx"},
+		}},
+		{name: "one piece over the cap", max: 4, actions: []Action{
+			{Type: "terminal/data", Data: "0123456789"},
+		}},
+		{name: "multi-byte characters at the cut", max: 5, actions: []Action{
+			{Type: "terminal/data", Data: "ééé"}, {Type: "terminal/data", Data: "€€"}, {Type: "terminal/data", Data: "x€"},
+		}},
+		{name: "commands", max: 12, actions: []Action{
+			{Type: "terminal/data", Data: "$ "},
+			{Type: "terminal/commandExecuted", CommandID: "c1", CommandLine: "yes"},
+			{Type: "terminal/data", Data: "y\r\ny\r\ny\r\n"}, {Type: "terminal/data", Data: "y\r\ny\r\n"},
+			{Type: "terminal/commandFinished", CommandID: "c1", ExitCode: &code, DurationMs: &dur},
+			{Type: "terminal/data", Data: "$ "},
+			{Type: "terminal/commandExecuted", CommandID: "c2", CommandLine: "cat big"},
+			{Type: "terminal/data", Data: strings.Repeat("z", 40)},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			want := TerminalState{Content: []ContentPart{}}
+			for _, a := range tc.actions {
+				want = ReduceTerminal(want, a)
+				TrimContent(&want, tc.max)
+			}
+			s := testServer(Config{MaxContent: tc.max})
+			for _, a := range tc.actions {
+				s.emit("ahp-terminal:/t", a, nil)
+			}
+			s.mu.Lock()
+			snap, _ := s.snapshotLocked("ahp-terminal:/t")
+			s.mu.Unlock()
+			got, _ := json.Marshal(snap["state"])
+			wantJSON, _ := json.Marshal(want)
+			if string(got) != string(wantJSON) {
+				t.Errorf("state\n got %s\nwant %s", got, wantJSON)
+			}
+		})
+	}
+}
