@@ -154,3 +154,39 @@ func TestFoldMatchesReducer(t *testing.T) {
 		})
 	}
 }
+
+func TestCreateTerminalRefusesBadParams(t *testing.T) {
+	s := testServer(Config{Workspace: "/work"})
+	for _, tc := range []struct {
+		name   string
+		params string
+		code   int
+	}{
+		{"not JSON", `{"channel":`, codeInvalidParams},
+		{"no channel", `{"claim":{"kind":"client","clientId":"c"}}`, codeInvalidParams},
+		{"root channel", `{"channel":"ahp-root://","claim":{"kind":"client","clientId":"c"}}`, codeInvalidParams},
+		{"no scheme", `{"channel":"just-a-name","claim":{"kind":"client","clientId":"c"}}`, codeInvalidParams},
+		{"huge channel", `{"channel":"ahp-terminal:/` + strings.Repeat("x", 2000) + `","claim":{"kind":"client","clientId":"c"}}`, codeInvalidParams},
+		{"no claim", `{"channel":"ahp-terminal:/new"}`, codeInvalidParams},
+		{"unknown claim kind", `{"channel":"ahp-terminal:/new","claim":{"kind":"root"}}`, codeInvalidParams},
+		{"relative cwd", `{"channel":"ahp-terminal:/new","claim":{"kind":"client","clientId":"c"},"cwd":"file:tmp"}`, codeInvalidParams},
+		{"cwd of another scheme", `{"channel":"ahp-terminal:/new","claim":{"kind":"client","clientId":"c"},"cwd":"http://x/tmp"}`, codeInvalidParams},
+		{"channel taken", `{"channel":"ahp-terminal:/t","claim":{"kind":"client","clientId":"c"}}`, codeAlreadyExists},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, rerr := s.createTerminal(context.Background(), json.RawMessage(tc.params))
+			if rerr == nil || rerr.Code != tc.code {
+				t.Fatalf("error = %+v, want code %d", rerr, tc.code)
+			}
+			if len(rerr.Message) > 300 {
+				t.Errorf("message of %d bytes echoes the input", len(rerr.Message))
+			}
+			s.mu.Lock()
+			n := len(s.terms)
+			s.mu.Unlock()
+			if n != 1 {
+				t.Errorf("%d terminals after a refused create, want the 1 there was", n)
+			}
+		})
+	}
+}

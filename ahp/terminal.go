@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"net/url"
 	"strconv"
 	"time"
 	"unicode/utf8"
@@ -40,6 +41,9 @@ type terminal struct {
 	carry     []byte // a character cut in half at the end of a read
 }
 
+// maxURI bounds a terminal's channel URI, which every action carries.
+const maxURI = 1024
+
 func (s *Server) createTerminal(ctx context.Context, params json.RawMessage) (any, *rpcError) {
 	var p struct {
 		Channel string `json:"channel"`
@@ -52,8 +56,8 @@ func (s *Server) createTerminal(ctx context.Context, params json.RawMessage) (an
 	if err := json.Unmarshal(params, &p); err != nil {
 		return nil, invalid("createTerminal: %v", err)
 	}
-	if p.Channel == "" || p.Channel == RootURI {
-		return nil, invalid("createTerminal: channel must be a terminal URI")
+	if u, err := url.Parse(p.Channel); err != nil || u.Scheme == "" || p.Channel == RootURI || len(p.Channel) > maxURI {
+		return nil, invalid("createTerminal: channel %.100q is not a terminal URI (scheme:rest, at most %d bytes)", p.Channel, maxURI)
 	}
 	if p.Claim == nil || (p.Claim.Kind != "client" && p.Claim.Kind != "session") {
 		return nil, invalid("createTerminal: claim must be a client or session claim")
