@@ -30,9 +30,18 @@ func startAHP(t testing.TB, ws string, extra ...string) *ahpServer {
 	t.Helper()
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	srv := startServe(t, ws, append([]string{"--ahp-listen", "127.0.0.1:0", "--ahp-token-file", tokenFile}, extra...)...)
+	a := ahpListening(t, srv.stderr)
+	a.srv = srv
+	return a
+}
+
+// ahpListening waits for the line a sandboxd started with --ahp-listen
+// prints on stderr, and reads the token file it names.
+func ahpListening(t testing.TB, stderr *lockedBuffer) *ahpServer {
+	t.Helper()
 	var m []string
 	eventually(t, "AHP address on stderr", 60*time.Second, func() bool {
-		m = ahpAddr.FindStringSubmatch(srv.stderr.String())
+		m = ahpAddr.FindStringSubmatch(stderr.String())
 		return m != nil
 	})
 	fi, err := os.Stat(m[2])
@@ -46,7 +55,7 @@ func startAHP(t testing.TB, ws string, extra ...string) *ahpServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &ahpServer{srv: srv, url: "ws://" + m[1] + "/", token: strings.TrimSpace(string(tok))}
+	return &ahpServer{url: "ws://" + m[1] + "/", token: strings.TrimSpace(string(tok))}
 }
 
 // ahpClient is a WebSocket client speaking AHP.

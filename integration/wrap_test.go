@@ -118,13 +118,14 @@ func startWrap(t testing.TB, dir string, editorCaps acpsdk.ClientCapabilities) *
 // startWrapWith starts `sandboxd wrap -- testagent` in dir and initializes
 // it; record keeps transcripts of both connections. Cleanup closes stdin
 // and checks that wrap exits and leaves no container.
-func startWrapWith(t testing.TB, dir string, editorCaps acpsdk.ClientCapabilities, record bool) *wrapped {
+func startWrapWith(t testing.TB, dir string, editorCaps acpsdk.ClientCapabilities, record bool, flags ...string) *wrapped {
 	t.Helper()
 	agentBin, err := testAgent()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(testEnv.bin, "wrap", "--config", testEnv.config, "--log-level", "debug", "--", agentBin)
+	args := append(append([]string{"wrap", "--config", testEnv.config, "--log-level", "debug"}, flags...), "--", agentBin)
+	cmd := exec.Command(testEnv.bin, args...)
 	cmd.Dir = dir
 	w := &wrapped{cmd: cmd, done: make(chan struct{}), logs: &lockedBuffer{}}
 	if record {
@@ -251,6 +252,39 @@ func TestWrapGivesTheAgentTerminals(t *testing.T) {
 	inside := strings.TrimPrefix(w.prompt(t, ctx, sid, "run cat /proc/self/cgroup"), "exit=0 output=")
 	if inside == string(host) || !strings.Contains(inside, id) {
 		t.Errorf("the command's cgroups are not its container's (%.12s):\n%s", id, inside)
+	}
+}
+
+// TestWrapSharesTheAgentsContainerOverAHP: a person opens an AHP terminal
+// in the agent's working directory and types into the container the
+// agent's commands run in.
+func TestWrapSharesTheAgentsContainerOverAHP(t *testing.T) {
+	ws := workspace(t)
+	w := startWrapWith(t, ws, acpsdk.ClientCapabilities{}, false, "--ahp-listen", "127.0.0.1:0", "--ahp-token-file", filepath.Join(t.TempDir(), "token"))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sid := w.newSession(t, ctx, ws)
+	id := w.containerOf(t, ctx, sid)
+
+	before := containersOf(t, w.cmd.Process.Pid) // the session's, and wrap's spare
+	a := ahpListening(t, w.logs)
+	const term = "ahp-terminal:/shared"
+	c := terminalClient(t, a, "person", term, ws)
+	c.subscribe(term)
+	c.input(term, "grep /etc/hostname /proc/self/mountinfo; pwd; echo do''ne\r", 1)
+	eventually(t, "done", time.Minute, func() bool { return strings.Contains(c.data(term), "done\r\n") })
+	d := c.data(term)
+	if m := containerInMountinfo.FindStringSubmatch(d); m == nil || m[1] != id {
+		t.Errorf("the terminal runs in another container than the agent's %.12s: %q", id, d)
+	}
+	if !strings.Contains(d, "\r\n"+ws+"\r\n") {
+		t.Errorf("the terminal does not start in the session's cwd %s: %q", ws, d)
+	}
+	after := containersOf(t, w.cmd.Process.Pid)
+	slices.Sort(before)
+	slices.Sort(after)
+	if !slices.Equal(after, before) {
+		t.Errorf("containers %v became %v: the terminal got a container of its own", before, after)
 	}
 }
 
