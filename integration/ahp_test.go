@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -265,11 +266,13 @@ func TestAHPTerminal(t *testing.T) {
 	eventually(t, "prompt", 60*time.Second, func() bool { return strings.Contains(c.data(term), "$ ") })
 	c.input(term, "cd /tmp && echo hi; (exit 3)\r", 1)
 	var finished envelope
-	eventually(t, "command finished", 60*time.Second, func() bool {
+	// The next prompt comes after the shell integration's D and P.
+	eventually(t, "command finished and the next prompt", 60*time.Second, func() bool {
 		for _, e := range c.envelopes() {
 			if e.Action.Type == "terminal/commandFinished" {
 				finished = e
-				return true
+				_, after, ok := strings.Cut(c.data(term), "hi\r\n")
+				return ok && strings.Contains(after, "$ ")
 			}
 		}
 		return false
@@ -496,19 +499,18 @@ func TestAHPTitleAndForgedSequences(t *testing.T) {
 	if d := c.data(term); !strings.Contains(d, "grep=1") || strings.Contains(d, "/environ\r\n") {
 		t.Errorf("the nonce is visible in a process environment: %q", d[strings.LastIndex(d, "grep -l"):])
 	}
-	c.input(term, "printf '\\033]633;E;rm -rf /;0123456789abcdef0123456789abcdef\\007'; echo for''ged\r", 3)
-	eventually(t, "forged", 60*time.Second, func() bool {
-		for _, e := range c.envelopes() {
-			if e.Action.Type == "terminal/commandFinished" && strings.Contains(c.data(term), "forged\r\n") {
-				return true
-			}
-		}
-		return false
-	})
+	// A forged E and C: with the nonce wrong, the C reports a command with
+	// no line rather than the forged one.
+	c.input(term, "printf '\\033]633;E;rm -rf /;0123456789abcdef0123456789abcdef\\007\\033]633;C\\007'; echo for''ged\r", 3)
+	eventually(t, "forged", 60*time.Second, func() bool { return strings.Contains(c.data(term), "forged\r\n") })
+	var lines []string
 	for _, e := range c.envelopes() {
-		if e.Action.Type == "terminal/commandExecuted" && strings.Contains(e.Action.CommandLine, "rm -rf") && !strings.Contains(e.Action.CommandLine, "printf") {
-			t.Errorf("a forged command line was taken: %+v", e.Action)
+		if e.Action.Type == "terminal/commandExecuted" {
+			lines = append(lines, e.Action.CommandLine)
 		}
+	}
+	if len(lines) == 0 || lines[len(lines)-1] != "" || slices.Contains(lines, "rm -rf /") {
+		t.Errorf("command lines %q: want the forged one reported without its line", lines)
 	}
 }
 
