@@ -171,6 +171,7 @@ func TestCreateTerminalRefusesBadParams(t *testing.T) {
 		{"unknown claim kind", `{"channel":"ahp-terminal:/new","claim":{"kind":"root"}}`, codeInvalidParams},
 		{"relative cwd", `{"channel":"ahp-terminal:/new","claim":{"kind":"client","clientId":"c"},"cwd":"file:tmp"}`, codeInvalidParams},
 		{"cwd of another scheme", `{"channel":"ahp-terminal:/new","claim":{"kind":"client","clientId":"c"},"cwd":"http://x/tmp"}`, codeInvalidParams},
+		{"too wide", `{"channel":"ahp-terminal:/new","claim":{"kind":"client","clientId":"c"},"cols":100000,"rows":10}`, codeInvalidParams},
 		{"channel taken", `{"channel":"ahp-terminal:/t","claim":{"kind":"client","clientId":"c"}}`, codeAlreadyExists},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

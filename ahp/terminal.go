@@ -41,8 +41,12 @@ type terminal struct {
 	carry     []byte // a character cut in half at the end of a read
 }
 
-// maxURI bounds a terminal's channel URI, which every action carries.
-const maxURI = 1024
+const (
+	// maxURI bounds a terminal's channel URI, which every action carries.
+	maxURI = 1024
+	// maxSize bounds a terminal's columns and rows.
+	maxSize = 10000
+)
 
 func (s *Server) createTerminal(ctx context.Context, params json.RawMessage) (any, *rpcError) {
 	var p struct {
@@ -61,6 +65,9 @@ func (s *Server) createTerminal(ctx context.Context, params json.RawMessage) (an
 	}
 	if p.Claim == nil || (p.Claim.Kind != "client" && p.Claim.Kind != "session") {
 		return nil, invalid("createTerminal: claim must be a client or session claim")
+	}
+	if p.Cols > maxSize || p.Rows > maxSize {
+		return nil, invalid("createTerminal: cols and rows must be at most %d", maxSize)
 	}
 	dir := s.cfg.Workspace
 	if p.Cwd != "" {
@@ -218,8 +225,8 @@ func (s *Server) apply(channel string, a Action, origin *Origin) string {
 			return err.Error()
 		}
 	case "terminal/resized":
-		if a.Cols <= 0 || a.Rows <= 0 || a.Cols > 10000 || a.Rows > 10000 {
-			return "cols and rows must be between 1 and 10000"
+		if a.Cols <= 0 || a.Rows <= 0 || a.Cols > maxSize || a.Rows > maxSize {
+			return fmt.Sprintf("cols and rows must be between 1 and %d", maxSize)
 		}
 		if err := t.t.Resize(s.ctx, uint(a.Cols), uint(a.Rows)); err != nil {
 			return err.Error()
