@@ -18,11 +18,26 @@ type conn struct {
 	clientID string
 	subs     map[string]bool
 
-	// out queues messages for the writer; a client that cannot keep up is
-	// disconnected rather than allowed to grow memory.
-	out       chan []byte
+	// queue holds the messages the writer has yet to send and queued their
+	// bytes; a client further behind than Config.Backlog is disconnected
+	// rather than allowed to grow memory.
+	qmu    sync.Mutex
+	queue  [][]byte
+	queued int
+	wake   chan struct{} // capacity 1: the queue is not empty
+
 	done      chan struct{}
 	closeOnce sync.Once
+	// ctx bounds the connection; abort cancels it, which cuts the
+	// connection off and so unblocks a write to a client that stopped
+	// reading.
+	ctx   context.Context
+	abort context.CancelFunc
+}
+
+func newConn(ctx context.Context, s *Server, ws *websocket.Conn) *conn {
+	ctx, cancel := context.WithCancel(ctx)
+	return &conn{s: s, ws: ws, subs: make(map[string]bool), wake: make(chan struct{}, 1), done: make(chan struct{}), ctx: ctx, abort: cancel}
 }
 
 func (c *conn) subscribed(channel string) bool {
@@ -31,13 +46,53 @@ func (c *conn) subscribed(channel string) bool {
 	return c.subs[channel]
 }
 
+// send queues msg for the client without blocking: it runs under the
+// server's lock.
 func (c *conn) send(msg []byte) {
+	c.qmu.Lock()
+	if c.queued > 0 && c.queued+len(msg) > c.s.cfg.Backlog {
+		c.qmu.Unlock()
+		select {
+		case <-c.done:
+		default:
+			c.s.log.Warn("ahp client too slow; disconnecting", "client", c.clientID, "backlog", c.queued)
+			c.close()
+			c.abort()
+		}
+		return
+	}
+	c.queue = append(c.queue, msg)
+	c.queued += len(msg)
+	c.qmu.Unlock()
 	select {
-	case c.out <- msg:
-	case <-c.done:
+	case c.wake <- struct{}{}:
 	default:
-		c.s.log.Warn("ahp client too slow; disconnecting", "client", c.clientID)
-		c.close()
+	}
+}
+
+// write sends what is queued until the connection ends.
+func (c *conn) write(ctx context.Context) {
+	var batch [][]byte
+	for {
+		select {
+		case <-c.wake:
+		case <-c.done:
+			c.ws.Close(websocket.StatusGoingAway, "closing")
+			return
+		}
+		c.qmu.Lock()
+		batch, c.queue = c.queue, batch[:0]
+		c.qmu.Unlock()
+		for i, msg := range batch {
+			if err := c.ws.Write(ctx, websocket.MessageText, msg); err != nil {
+				c.close()
+				return
+			}
+			batch[i] = nil
+			c.qmu.Lock()
+			c.queued -= len(msg)
+			c.qmu.Unlock()
+		}
 	}
 }
 
@@ -45,24 +100,18 @@ func (c *conn) close() {
 	c.closeOnce.Do(func() { close(c.done) })
 }
 
-func (c *conn) run(ctx context.Context) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+func (c *conn) run() {
+	ctx := c.ctx
+	defer c.abort()
+	wrote := make(chan struct{})
 	go func() {
-		for {
-			select {
-			case msg := <-c.out:
-				if err := c.ws.Write(ctx, websocket.MessageText, msg); err != nil {
-					c.close()
-					return
-				}
-			case <-c.done:
-				c.ws.Close(websocket.StatusGoingAway, "closing")
-				return
-			}
-		}
+		defer close(wrote)
+		c.write(ctx)
 	}()
-	defer c.close()
+	defer func() {
+		c.close()
+		<-wrote
+	}()
 	for {
 		typ, data, err := c.ws.Read(ctx)
 		if err != nil {

@@ -56,6 +56,10 @@ type Config struct {
 	// replay, in number and in bytes of terminal data.
 	ReplayActions int
 	ReplayBytes   int
+	// Backlog bounds the bytes of messages queued for one client; a client
+	// further behind is disconnected, and its reconnect gets what it
+	// missed by replay or snapshots.
+	Backlog int
 	// Workspace is the default working directory of new terminals.
 	Workspace string
 	Sessions  SessionFor
@@ -104,6 +108,9 @@ func NewServer(ctx context.Context, cfg Config, log *slog.Logger) *Server {
 	if cfg.ReplayBytes <= 0 {
 		cfg.ReplayBytes = 8 << 20
 	}
+	if cfg.Backlog <= 0 {
+		cfg.Backlog = 16 << 20
+	}
 	return &Server{
 		cfg:   cfg,
 		log:   log,
@@ -142,7 +149,8 @@ func (s *Server) Listen(ctx context.Context, addr string, ready func(net.Addr)) 
 	if ready != nil {
 		ready(ln.Addr())
 	}
-	srv := &http.Server{Handler: s}
+	// Connections live in ctx: hijacked ones are beyond srv.Close.
+	srv := &http.Server{Handler: s, BaseContext: func(net.Listener) context.Context { return ctx }}
 	go func() {
 		<-ctx.Done()
 		srv.Close()
@@ -204,11 +212,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		ws.Close(websocket.StatusPolicyViolation, "authentication required")
 		return
 	}
-	c := &conn{s: s, ws: ws, subs: make(map[string]bool), out: make(chan []byte, 1024), done: make(chan struct{})}
+	c := newConn(ctx, s, ws)
 	s.mu.Lock()
 	s.conns[c] = struct{}{}
 	s.mu.Unlock()
-	c.run(ctx)
+	c.run()
 	s.mu.Lock()
 	delete(s.conns, c)
 	s.mu.Unlock()

@@ -5,8 +5,14 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/coder/websocket"
 )
 
 func testServer(cfg Config) *Server {
@@ -189,5 +195,65 @@ func TestCreateTerminalRefusesBadParams(t *testing.T) {
 				t.Errorf("%d terminals after a refused create, want the 1 there was", n)
 			}
 		})
+	}
+}
+
+// TestSlowClientIsDisconnected checks that a client that stops reading is
+// cut off once its backlog is full, without holding up the terminal or a
+// client that keeps up.
+func TestSlowClientIsDisconnected(t *testing.T) {
+	const chunk = 64 << 10
+	s := testServer(Config{Token: "tok", Backlog: 1 << 20})
+	hs := httptest.NewServer(s)
+	defer hs.Close()
+	ctx := context.Background()
+	dial := func(id string) *websocket.Conn {
+		ws, _, err := websocket.Dial(ctx, hs.URL, &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer tok"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ws.SetReadLimit(1 << 20)
+		for i, req := range []string{
+			`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersions":["0.4.0"],"clientId":"` + id + `"}}`,
+			`{"jsonrpc":"2.0","id":2,"method":"subscribe","params":{"channel":"ahp-terminal:/t"}}`,
+		} {
+			if err := ws.Write(ctx, websocket.MessageText, []byte(req)); err != nil {
+				t.Fatal(err)
+			}
+			_, msg, err := ws.Read(ctx)
+			if err != nil || !strings.Contains(string(msg), `"id":`+strconv.Itoa(i+1)) || strings.Contains(string(msg), `"error"`) {
+				t.Fatalf("%s: reply %s, %v", req, msg, err)
+			}
+		}
+		return ws
+	}
+	fast, stalled := dial("fast"), dial("stalled")
+	defer fast.CloseNow()
+	defer stalled.CloseNow()
+	conns := func() int {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.conns)
+	}
+	// Far more than the backlog and the sockets' buffers hold; the fast
+	// client reads each chunk before the next is emitted.
+	for i := range 512 {
+		s.emit("ahp-terminal:/t", Action{Type: "terminal/data", Data: strings.Repeat("x", chunk)}, nil)
+		_, msg, err := fast.Read(ctx)
+		if err != nil {
+			t.Fatalf("fast client, chunk %d: %v", i, err)
+		}
+		var n struct {
+			Params Envelope `json:"params"`
+		}
+		if err := json.Unmarshal(msg, &n); err != nil || len(n.Params.Action.Data) != chunk {
+			t.Fatalf("fast client, chunk %d: %.100s", i, msg)
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); conns() != 1; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections, want the stalled one dropped", conns())
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

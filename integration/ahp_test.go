@@ -67,7 +67,7 @@ type ahpClient struct {
 	mu      sync.Mutex
 	nextID  int
 	replies map[int]chan rawReply
-	actions []json.RawMessage // action envelopes, in arrival order
+	actions []envelope // in arrival order, parsed once by read
 	changed chan struct{}
 	// shown is a channel's content in the snapshot its subscription got.
 	shown map[string]string
@@ -110,7 +110,9 @@ func (c *ahpClient) read() {
 				ch <- r
 			}
 		} else if m.Method == "action" {
-			c.actions = append(c.actions, m.Params)
+			var e envelope
+			json.Unmarshal(m.Params, &e)
+			c.actions = append(c.actions, e)
 			close(c.changed)
 			c.changed = make(chan struct{})
 		}
@@ -166,11 +168,7 @@ type envelope struct {
 func (c *ahpClient) envelopes() []envelope {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := make([]envelope, len(c.actions))
-	for i, raw := range c.actions {
-		json.Unmarshal(raw, &out[i])
-	}
-	return out
+	return c.actions[:len(c.actions):len(c.actions)]
 }
 
 // subscribe subscribes to a channel and keeps the content its snapshot

@@ -77,7 +77,11 @@ func runMain(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	bin := filepath.Join(dir, "sandboxd")
-	build := exec.Command("go", "build", "-o", bin, "../cmd/sandboxd")
+	args := []string{"build", "-o", bin}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	build := exec.Command("go", append(args, "../cmd/sandboxd")...)
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintf(os.Stderr, "integration: build sandboxd: %v\n", err)
@@ -157,6 +161,7 @@ func startServe(t testing.TB, dir string, args ...string) *server {
 	}()
 	t.Cleanup(func() {
 		s.stop(t)
+		assertNoRace(t, s.stderr)
 		if t.Failed() {
 			t.Logf("sandboxd stderr:\n%s", s.stderr.String())
 		}
@@ -175,6 +180,15 @@ func (s *server) stop(t testing.TB) {
 		s.cmd.Process.Kill()
 		<-s.done
 		t.Errorf("sandboxd did not exit after stdin closed")
+	}
+}
+
+// assertNoRace fails the test when a sandboxd built with the race
+// detector reported a race on stderr.
+func assertNoRace(t testing.TB, stderr *lockedBuffer) {
+	t.Helper()
+	if strings.Contains(stderr.String(), "WARNING: DATA RACE") {
+		t.Errorf("sandboxd reported a data race")
 	}
 }
 

@@ -158,6 +158,7 @@ func startWrapWith(t testing.TB, dir string, editorCaps acpsdk.ClientCapabilitie
 	w.conn.SetLogger(quietLog)
 	t.Cleanup(func() {
 		w.stop(t)
+		assertNoRace(t, w.logs)
 		if t.Failed() {
 			t.Logf("wrap stderr:\n%s", w.logs.String())
 		}
