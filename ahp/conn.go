@@ -25,6 +25,12 @@ type conn struct {
 	queue  [][]byte
 	queued int
 	wake   chan struct{} // capacity 1: the queue is not empty
+	// writing says a goroutine is draining the queue: the writer, or the
+	// reader after handling a message. quiet says the reader will drain
+	// it, so a send need not wake the writer: answers and the echoes of
+	// a client's own actions then leave without a hand-off between
+	// goroutines, which costs a thread wake-up on the keystroke's path.
+	writing, quiet bool
 
 	done      chan struct{}
 	closeOnce sync.Once
@@ -63,24 +69,49 @@ func (c *conn) send(msg []byte) {
 	}
 	c.queue = append(c.queue, msg)
 	c.queued += len(msg)
+	wake := !c.writing && !c.quiet
 	c.qmu.Unlock()
-	select {
-	case c.wake <- struct{}{}:
-	default:
+	if wake {
+		select {
+		case c.wake <- struct{}{}:
+		default:
+		}
 	}
 }
 
-// write sends what is queued until the connection ends.
-func (c *conn) write(ctx context.Context) {
+// hold makes sends leave waking the writer to the reader's flush, which
+// must follow.
+func (c *conn) hold() {
+	c.qmu.Lock()
+	c.quiet = true
+	c.qmu.Unlock()
+}
+
+// flush drains the queue in the calling goroutine unless another one
+// does. The reader calls it after every message.
+func (c *conn) flush(ctx context.Context) {
+	c.qmu.Lock()
+	c.quiet = false
+	if c.writing || len(c.queue) == 0 {
+		c.qmu.Unlock()
+		return
+	}
+	c.writing = true
+	c.qmu.Unlock()
+	c.drain(ctx)
+}
+
+// drain writes what is queued until the queue is empty, then gives up the
+// writing role. The caller holds it.
+func (c *conn) drain(ctx context.Context) {
 	var batch [][]byte
 	for {
-		select {
-		case <-c.wake:
-		case <-c.done:
-			c.ws.Close(websocket.StatusGoingAway, "closing")
+		c.qmu.Lock()
+		if len(c.queue) == 0 {
+			c.writing = false
+			c.qmu.Unlock()
 			return
 		}
-		c.qmu.Lock()
 		batch, c.queue = c.queue, batch[:0]
 		c.qmu.Unlock()
 		for i, msg := range batch {
@@ -93,6 +124,27 @@ func (c *conn) write(ctx context.Context) {
 			c.queued -= len(msg)
 			c.qmu.Unlock()
 		}
+	}
+}
+
+// write drains the queue whenever a send wakes it, until the connection
+// ends.
+func (c *conn) write(ctx context.Context) {
+	for {
+		select {
+		case <-c.wake:
+		case <-c.done:
+			c.ws.Close(websocket.StatusGoingAway, "closing")
+			return
+		}
+		c.qmu.Lock()
+		if c.writing {
+			c.qmu.Unlock()
+			continue
+		}
+		c.writing = true
+		c.qmu.Unlock()
+		c.drain(ctx)
 	}
 }
 
@@ -122,6 +174,7 @@ func (c *conn) run() {
 			continue
 		}
 		c.handle(ctx, data)
+		c.flush(ctx)
 	}
 }
 
@@ -141,6 +194,7 @@ func (c *conn) reply(id json.RawMessage, result any, rerr *rpcError) {
 		m["result"] = result
 	}
 	b, _ := json.Marshal(m)
+	c.hold() // replies are sent by the reader
 	c.send(b)
 }
 
@@ -321,10 +375,11 @@ func (c *conn) dispatch(params json.RawMessage) {
 	c.mu.Lock()
 	origin := &Origin{ClientID: c.clientID, ClientSeq: p.ClientSeq}
 	c.mu.Unlock()
-	reason := c.s.apply(p.Channel, p.Action, origin)
+	reason := c.s.apply(c, p.Channel, p.Action, origin)
 	if reason == "" {
 		return
 	}
+	c.hold()
 	c.s.mu.Lock()
 	env := Envelope{Channel: p.Channel, Action: p.Action, ServerSeq: c.s.seq, Origin: origin, RejectionReason: reason}
 	c.s.mu.Unlock()

@@ -207,7 +207,7 @@ func (t *terminal) fold(max int) {
 
 // apply carries out a client's action on a channel and returns why it was
 // rejected, or "" when it took effect.
-func (s *Server) apply(channel string, a Action, origin *Origin) string {
+func (s *Server) apply(from *conn, channel string, a Action, origin *Origin) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	t, ok := s.terms[channel]
@@ -243,6 +243,9 @@ func (s *Server) apply(channel string, a Action, origin *Origin) string {
 	default:
 		return fmt.Sprintf("%s cannot be dispatched by a client", a.Type)
 	}
+	// After the input is written, which may block: the echo to the client
+	// that sent it leaves from its reader.
+	from.hold()
 	s.emitLocked(channel, a, origin)
 	if a.Type == "terminal/claimed" || a.Type == "terminal/titleChanged" {
 		s.terminalsChangedLocked()
