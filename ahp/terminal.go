@@ -151,7 +151,9 @@ func (s *Server) disposeTerminal(ctx context.Context, params json.RawMessage) (a
 	if !ok || t.t == nil {
 		return nil, invalid("disposeTerminal: unknown terminal %q", p.Channel)
 	}
-	if err := t.dispose(ctx); err != nil {
+	// Once the terminal is out of the list its processes must go, even
+	// when the client that asked leaves meanwhile.
+	if err := t.dispose(context.WithoutCancel(ctx)); err != nil {
 		return nil, &rpcError{Code: codeInternal, Message: err.Error()}
 	}
 	return nil, nil
