@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -227,6 +228,7 @@ func TestSlowClientIsDisconnected(t *testing.T) {
 		}
 		return ws
 	}
+	before := runtime.NumGoroutine()
 	fast, stalled := dial("fast"), dial("stalled")
 	defer fast.CloseNow()
 	defer stalled.CloseNow()
@@ -253,6 +255,15 @@ func TestSlowClientIsDisconnected(t *testing.T) {
 	for deadline := time.Now().Add(10 * time.Second); conns() != 1; {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d connections, want the stalled one dropped", conns())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Once both clients are gone, so is every goroutine they had.
+	fast.Close(websocket.StatusNormalClosure, "")
+	stalled.CloseNow()
+	for deadline := time.Now().Add(10 * time.Second); conns() != 0 || runtime.NumGoroutine() > before; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections and %d goroutines after both clients left, want 0 and at most %d", conns(), runtime.NumGoroutine(), before)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
