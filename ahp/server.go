@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/coder/websocket"
 
@@ -198,6 +199,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	if !s.authorized(r) {
 		s.log.Warn("ahp connection without a valid token", "remote", r.RemoteAddr)
+		// It gets one request's time to learn why, not a connection kept
+		// open by saying nothing.
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
 		_, data, err := ws.Read(ctx)
 		if err == nil {
 			var m struct {
