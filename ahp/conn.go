@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/coder/websocket"
@@ -171,9 +173,9 @@ func (c *conn) run() {
 		}
 		if typ != websocket.MessageText {
 			c.reply(nil, nil, &rpcError{Code: codeInvalidRequest, Message: "messages are JSON-RPC in text frames"})
-			continue
+		} else {
+			c.handle(ctx, data)
 		}
-		c.handle(ctx, data)
 		c.flush(ctx)
 	}
 }
@@ -181,6 +183,7 @@ func (c *conn) run() {
 type rpcError struct {
 	Code    int    `json:"code"`
 	Message string `json:"message"`
+	Data    any    `json:"data,omitempty"`
 }
 
 func (c *conn) reply(id json.RawMessage, result any, rerr *rpcError) {
@@ -216,12 +219,22 @@ func (c *conn) handle(ctx context.Context, data []byte) {
 	var res any
 	var rerr *rpcError
 	switch m.Method {
-	case "initialize":
-		res, rerr = c.initialize(m.Params)
+	case "initialize", "subscribe", "reconnect":
+		// The answer is queued under the server lock it was made under,
+		// so no action newer than its snapshot or replay reaches the
+		// client before it.
+		c.s.mu.Lock()
+		defer c.s.mu.Unlock()
+		switch m.Method {
+		case "initialize":
+			res, rerr = c.initializeLocked(m.Params)
+		case "subscribe":
+			res, rerr = c.subscribeLocked(m.Params)
+		default:
+			res, rerr = c.reconnectLocked(m.Params)
+		}
 	case "ping":
 		res = struct{}{}
-	case "subscribe":
-		res, rerr = c.subscribe(m.Params)
 	case "unsubscribe":
 		var p struct {
 			Channel string `json:"channel"`
@@ -236,8 +249,6 @@ func (c *conn) handle(ctx context.Context, data []byte) {
 		res, rerr = c.s.disposeTerminal(ctx, m.Params)
 	case "dispatchAction":
 		c.dispatch(m.Params)
-	case "reconnect":
-		res, rerr = c.reconnect(m.Params)
 	default:
 		rerr = &rpcError{Code: codeMethodNotFound, Message: "method not found: " + m.Method}
 	}
@@ -249,7 +260,8 @@ func (c *conn) handle(ctx context.Context, data []byte) {
 	}
 }
 
-func (c *conn) initialize(params json.RawMessage) (any, *rpcError) {
+// initializeLocked answers initialize. s.mu must be held.
+func (c *conn) initializeLocked(params json.RawMessage) (any, *rpcError) {
 	var p struct {
 		ProtocolVersions     []string `json:"protocolVersions"`
 		ClientID             string   `json:"clientId"`
@@ -269,11 +281,9 @@ func (c *conn) initialize(params json.RawMessage) (any, *rpcError) {
 		}
 	}
 	if version == "" {
-		return nil, &rpcError{Code: codeUnsupportedProto, Message: fmt.Sprintf("none of the protocol versions %v is spoken here (0.4.0, 0.3.0)", p.ProtocolVersions)}
+		return nil, &rpcError{Code: codeUnsupportedProto, Message: fmt.Sprintf("none of the protocol versions %v is spoken here (%s)", p.ProtocolVersions, strings.Join(supportedVersions(), ", ")), Data: map[string]any{"supportedVersions": supportedVersions()}}
 	}
 	s := c.s
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	c.mu.Lock()
 	c.clientID = p.ClientID
 	c.mu.Unlock()
@@ -289,9 +299,13 @@ func (c *conn) initialize(params json.RawMessage) (any, *rpcError) {
 	return map[string]any{"protocolVersion": version, "serverSeq": s.seq, "snapshots": snaps, "defaultDirectory": fileURI(s.cfg.Workspace)}, nil
 }
 
-func supported(v string) bool { return v == "0.4.0" || v == "0.3.0" }
+// supportedVersions returns the protocol versions spoken, newest first.
+func supportedVersions() []string { return []string{"0.4.0", "0.3.0"} }
 
-func (c *conn) subscribe(params json.RawMessage) (any, *rpcError) {
+func supported(v string) bool { return slices.Contains(supportedVersions(), v) }
+
+// subscribeLocked answers subscribe. s.mu must be held.
+func (c *conn) subscribeLocked(params json.RawMessage) (any, *rpcError) {
 	var p struct {
 		Channel string `json:"channel"`
 	}
@@ -299,10 +313,6 @@ func (c *conn) subscribe(params json.RawMessage) (any, *rpcError) {
 		return nil, invalid("subscribe: channel is required")
 	}
 	s := c.s
-	// Under the server lock, so that no action falls between the snapshot
-	// and the subscription.
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	snap, ok := s.snapshotLocked(p.Channel)
 	if !ok {
 		return nil, invalid("subscribe: unknown channel %q", p.Channel)
@@ -313,7 +323,8 @@ func (c *conn) subscribe(params json.RawMessage) (any, *rpcError) {
 	return map[string]any{"snapshot": snap}, nil
 }
 
-func (c *conn) reconnect(params json.RawMessage) (any, *rpcError) {
+// reconnectLocked answers reconnect. s.mu must be held.
+func (c *conn) reconnectLocked(params json.RawMessage) (any, *rpcError) {
 	var p struct {
 		ClientID          string   `json:"clientId"`
 		LastSeenServerSeq int64    `json:"lastSeenServerSeq"`
@@ -323,8 +334,6 @@ func (c *conn) reconnect(params json.RawMessage) (any, *rpcError) {
 		return nil, invalid("reconnect: clientId, lastSeenServerSeq and subscriptions are required")
 	}
 	s := c.s
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	c.mu.Lock()
 	c.clientID = p.ClientID
 	missing := []string{}

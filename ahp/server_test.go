@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -74,7 +75,9 @@ func TestReconnect(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			params, _ := json.Marshal(map[string]any{"clientId": "c", "lastSeenServerSeq": tc.lastSeen, "subscriptions": []string{"ahp-terminal:/t", "ahp-terminal:/gone"}})
-			res, rerr := c.reconnect(params)
+			s.mu.Lock()
+			res, rerr := c.reconnectLocked(params)
+			s.mu.Unlock()
 			if rerr != nil {
 				t.Fatal(rerr)
 			}
@@ -101,7 +104,10 @@ func TestReconnect(t *testing.T) {
 			}
 		})
 	}
-	if _, rerr := c.reconnect(json.RawMessage(`{"lastSeenServerSeq":1}`)); rerr == nil || rerr.Code != codeInvalidParams {
+	s.mu.Lock()
+	_, rerr := c.reconnectLocked(json.RawMessage(`{"lastSeenServerSeq":1}`))
+	s.mu.Unlock()
+	if rerr == nil || rerr.Code != codeInvalidParams {
 		t.Errorf("reconnect without clientId: %+v", rerr)
 	}
 }
@@ -208,26 +214,7 @@ func TestSlowClientIsDisconnected(t *testing.T) {
 	hs := httptest.NewServer(s)
 	defer hs.Close()
 	ctx := context.Background()
-	dial := func(id string) *websocket.Conn {
-		ws, _, err := websocket.Dial(ctx, hs.URL, &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer tok"}}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ws.SetReadLimit(1 << 20)
-		for i, req := range []string{
-			`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersions":["0.4.0"],"clientId":"` + id + `"}}`,
-			`{"jsonrpc":"2.0","id":2,"method":"subscribe","params":{"channel":"ahp-terminal:/t"}}`,
-		} {
-			if err := ws.Write(ctx, websocket.MessageText, []byte(req)); err != nil {
-				t.Fatal(err)
-			}
-			_, msg, err := ws.Read(ctx)
-			if err != nil || !strings.Contains(string(msg), `"id":`+strconv.Itoa(i+1)) || strings.Contains(string(msg), `"error"`) {
-				t.Fatalf("%s: reply %s, %v", req, msg, err)
-			}
-		}
-		return ws
-	}
+	dial := func(id string) *websocket.Conn { return dialSubscribed(t, hs.URL, id) }
 	before := runtime.NumGoroutine()
 	fast, stalled := dial("fast"), dial("stalled")
 	defer fast.CloseNow()
@@ -266,5 +253,143 @@ func TestSlowClientIsDisconnected(t *testing.T) {
 			t.Fatalf("%d connections and %d goroutines after both clients left, want 0 and at most %d", conns(), runtime.NumGoroutine(), before)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// dialSubscribed connects to a test server as clientID and subscribes to
+// its terminal.
+func dialSubscribed(t *testing.T, url, clientID string) *websocket.Conn {
+	t.Helper()
+	ctx := context.Background()
+	ws, _, err := websocket.Dial(ctx, url, &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer tok"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws.SetReadLimit(1 << 20)
+	for i, req := range []string{
+		`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersions":["0.4.0"],"clientId":"` + clientID + `"}}`,
+		`{"jsonrpc":"2.0","id":2,"method":"subscribe","params":{"channel":"ahp-terminal:/t"}}`,
+	} {
+		if err := ws.Write(ctx, websocket.MessageText, []byte(req)); err != nil {
+			t.Fatal(err)
+		}
+		_, msg, err := ws.Read(ctx)
+		if err != nil || !strings.Contains(string(msg), `"id":`+strconv.Itoa(i+1)) || strings.Contains(string(msg), `"error"`) {
+			t.Fatalf("%s: reply %s, %v", req, msg, err)
+		}
+	}
+	return ws
+}
+
+// TestBinaryFrameIsAnswered checks that a binary frame gets InvalidRequest
+// and that the connection goes on serving.
+func TestBinaryFrameIsAnswered(t *testing.T) {
+	s := testServer(Config{Token: "tok"})
+	hs := httptest.NewServer(s)
+	defer hs.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ws := dialSubscribed(t, hs.URL, "c")
+	defer ws.CloseNow()
+	if err := ws.Write(ctx, websocket.MessageBinary, []byte(`{"jsonrpc":"2.0","id":3,"method":"ping"}`)); err != nil {
+		t.Fatal(err)
+	}
+	_, msg, err := ws.Read(ctx)
+	if err != nil || !strings.Contains(string(msg), `"code":-32600`) {
+		t.Fatalf("binary frame: %s, %v; want InvalidRequest", msg, err)
+	}
+	s.emit("ahp-terminal:/t", Action{Type: "terminal/data", Data: "after"}, nil)
+	_, msg, err = ws.Read(ctx)
+	if err != nil || !strings.Contains(string(msg), `"data":"after"`) {
+		t.Fatalf("action after a binary frame: %s, %v", msg, err)
+	}
+}
+
+// TestSubscribeAnswerPrecedesNewerActions subscribes again and again while
+// a terminal produces output: no action newer than a snapshot may reach
+// the client before the snapshot itself.
+func TestSubscribeAnswerPrecedesNewerActions(t *testing.T) {
+	s := testServer(Config{Token: "tok"})
+	hs := httptest.NewServer(s)
+	defer hs.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ws := dialSubscribed(t, hs.URL, "c")
+	defer ws.CloseNow()
+	stop := make(chan struct{})
+	produced := make(chan struct{})
+	go func() {
+		defer close(produced)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				s.emit("ahp-terminal:/t", Action{Type: "terminal/data", Data: "x"}, nil)
+				// Paced, so that the client keeps up.
+				time.Sleep(20 * time.Microsecond)
+			}
+		}
+	}()
+	defer func() {
+		close(stop)
+		<-produced
+	}()
+	var fromSeq int64 = -1 // of the newest snapshot; -1 while one is awaited
+	for i := range 200 {
+		unsub := `{"jsonrpc":"2.0","method":"unsubscribe","params":{"channel":"ahp-terminal:/t"}}`
+		sub := fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"subscribe","params":{"channel":"ahp-terminal:/t"}}`, 100+i)
+		for _, m := range []string{unsub, sub} {
+			if err := ws.Write(ctx, websocket.MessageText, []byte(m)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var before []int64 // actions that came before the answer
+		fromSeq = -1
+		for fromSeq < 0 {
+			_, msg, err := ws.Read(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var m struct {
+				ID     *int `json:"id"`
+				Result struct {
+					Snapshot struct {
+						FromSeq int64 `json:"fromSeq"`
+					} `json:"snapshot"`
+				} `json:"result"`
+				Params Envelope `json:"params"`
+			}
+			if err := json.Unmarshal(msg, &m); err != nil {
+				t.Fatal(err)
+			}
+			if m.ID != nil {
+				fromSeq = m.Result.Snapshot.FromSeq
+				continue
+			}
+			before = append(before, m.Params.ServerSeq)
+		}
+		// Before the answer, only what the last subscription was owed.
+		for _, seq := range before {
+			if seq > fromSeq {
+				t.Fatalf("subscribe %d: action %d arrived before the snapshot from %d", i, seq, fromSeq)
+			}
+		}
+		// Drain until an action newer than the snapshot shows up; each
+		// must be newer.
+		for {
+			_, msg, err := ws.Read(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var m struct {
+				Params Envelope `json:"params"`
+			}
+			json.Unmarshal(msg, &m)
+			if m.Params.ServerSeq <= fromSeq {
+				t.Fatalf("subscribe %d: action %d after a snapshot from %d", i, m.Params.ServerSeq, fromSeq)
+			}
+			break
+		}
 	}
 }
