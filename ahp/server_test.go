@@ -3,8 +3,8 @@ package ahp
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
