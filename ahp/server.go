@@ -78,7 +78,7 @@ type Server struct {
 	terms  map[string]*terminal
 	conns  map[*conn]struct{}
 	replay []Envelope
-	// replayBytes is the terminal data held in replay.
+	// replayBytes is what the actions in replay hold (Action.size).
 	replayBytes int
 	wg          sync.WaitGroup
 }
@@ -252,13 +252,13 @@ func (s *Server) emitLocked(channel string, a Action, origin *Origin) {
 	s.seq++
 	env := Envelope{Channel: channel, Action: a, ServerSeq: s.seq, Origin: origin}
 	s.replay = append(s.replay, env)
-	s.replayBytes += len(a.Data)
+	s.replayBytes += a.size()
 	if len(s.replay) > s.cfg.ReplayActions || s.replayBytes > s.cfg.ReplayBytes {
 		// Drop at least a quarter, so the copy is paid rarely; a reconnect
 		// from before what is kept gets snapshots.
 		drop, quarter := 0, len(s.replay)/4
 		for drop < len(s.replay)-1 && (drop < quarter || len(s.replay)-drop > s.cfg.ReplayActions || s.replayBytes > s.cfg.ReplayBytes) {
-			s.replayBytes -= len(s.replay[drop].Action.Data)
+			s.replayBytes -= s.replay[drop].Action.size()
 			drop++
 		}
 		s.replay = slices.Delete(s.replay, 0, drop)

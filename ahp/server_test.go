@@ -25,29 +25,37 @@ func testServer(cfg Config) *Server {
 
 func TestReplayIsBounded(t *testing.T) {
 	for _, tc := range []struct {
-		name              string
-		actions, bytes    int
-		emit, size        int
-		wantMax, wantData int // most actions kept, most data bytes kept
+		name               string
+		actions, bytes     int
+		typ                string // of the actions emitted
+		emit, size         int    // how many, and how long their text
+		wantMax, wantBytes int    // most actions kept, most bytes held
 	}{
-		{name: "by count", actions: 10, bytes: 1 << 20, emit: 100, size: 1, wantMax: 10, wantData: 10},
-		{name: "by bytes", actions: 1000, bytes: 100, emit: 100, size: 30, wantMax: 4, wantData: 100},
-		{name: "one huge action is kept", actions: 10, bytes: 10, emit: 3, size: 1000, wantMax: 1, wantData: 1000},
+		{name: "by count", actions: 10, bytes: 1 << 20, typ: "terminal/data", emit: 100, size: 1, wantMax: 10, wantBytes: 10 * 65},
+		{name: "by bytes", actions: 1000, bytes: 1000, typ: "terminal/data", emit: 100, size: 36, wantMax: 10, wantBytes: 1000},
+		{name: "titles count", actions: 1000, bytes: 1000, typ: "terminal/titleChanged", emit: 100, size: 36, wantMax: 10, wantBytes: 1000},
+		{name: "one huge action is kept", actions: 10, bytes: 10, typ: "terminal/data", emit: 3, size: 1000, wantMax: 1, wantBytes: 1064},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := testServer(Config{ReplayActions: tc.actions, ReplayBytes: tc.bytes})
 			for range tc.emit {
-				s.emit("ahp-terminal:/t", Action{Type: "terminal/data", Data: strings.Repeat("x", tc.size)}, nil)
+				a := Action{Type: tc.typ}
+				if tc.typ == "terminal/data" {
+					a.Data = strings.Repeat("x", tc.size)
+				} else {
+					a.Title = strings.Repeat("x", tc.size)
+				}
+				s.emit("ahp-terminal:/t", a, nil)
 			}
 			held := 0
 			for _, e := range s.replay {
-				held += len(e.Action.Data)
+				held += e.Action.size()
 			}
 			if held != s.replayBytes {
 				t.Errorf("replayBytes = %d, replay holds %d", s.replayBytes, held)
 			}
-			if len(s.replay) == 0 || len(s.replay) > tc.wantMax || held > tc.wantData {
-				t.Errorf("replay holds %d actions, %d bytes; want 1..%d actions, at most %d bytes", len(s.replay), held, tc.wantMax, tc.wantData)
+			if len(s.replay) == 0 || len(s.replay) > tc.wantMax || held > tc.wantBytes {
+				t.Errorf("replay holds %d actions, %d bytes; want 1..%d actions, at most %d bytes", len(s.replay), held, tc.wantMax, tc.wantBytes)
 			}
 			if last := s.replay[len(s.replay)-1].ServerSeq; last != s.seq {
 				t.Errorf("newest replayed action is %d, want %d", last, s.seq)

@@ -126,6 +126,24 @@ type Action struct {
 	Terminals   []TerminalInfo `json:"terminals,omitempty"`
 }
 
+// size is about the memory an action holds: its strings, and a fixed
+// amount for the rest.
+func (a Action) size() int {
+	const fixed = 64
+	n := fixed + len(a.Data) + len(a.Title) + len(a.Cwd) + len(a.CommandID) + len(a.CommandLine)
+	if a.Claim != nil {
+		n += a.Claim.size()
+	}
+	for _, t := range a.Terminals {
+		n += fixed + len(t.Resource) + len(t.Title) + t.Claim.size()
+	}
+	return n
+}
+
+func (c Claim) size() int {
+	return len(c.Kind) + len(c.ClientID) + len(c.Session) + len(c.TurnID) + len(c.ToolCallID)
+}
+
 // MarshalJSON keeps fields the schema requires even when they are zero:
 // the data of terminal/data and terminal/input, and the terminal list.
 func (a Action) MarshalJSON() ([]byte, error) {
@@ -147,6 +165,10 @@ func (a Action) MarshalJSON() ([]byte, error) {
 	case "terminal/titleChanged":
 		if a.Title == "" {
 			extra = map[string]any{"title": ""}
+		}
+	case "terminal/commandExecuted":
+		if a.CommandLine == "" {
+			extra = map[string]any{"commandLine": ""}
 		}
 	}
 	if extra == nil {

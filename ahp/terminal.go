@@ -46,6 +46,8 @@ const (
 	maxURI = 1024
 	// maxSize bounds a terminal's columns and rows.
 	maxSize = 10000
+	// maxTitle bounds a title a client sets.
+	maxTitle = 4096
 )
 
 func (s *Server) createTerminal(ctx context.Context, params json.RawMessage) (any, *rpcError) {
@@ -226,12 +228,24 @@ func (s *Server) apply(from *conn, channel string, a Action, origin *Origin) str
 		if err != nil {
 			return err.Error()
 		}
+		if s.terms[channel] != t {
+			return fmt.Sprintf("terminal %q was disposed", channel)
+		}
 	case "terminal/resized":
 		if a.Cols <= 0 || a.Rows <= 0 || a.Cols > maxSize || a.Rows > maxSize {
 			return fmt.Sprintf("cols and rows must be between 1 and %d", maxSize)
 		}
-		if err := t.t.Resize(s.ctx, uint(a.Cols), uint(a.Rows)); err != nil {
+		// An engine round trip: not under the lock, and not for ever.
+		s.mu.Unlock()
+		ctx, cancel := context.WithTimeout(s.ctx, 10*time.Second)
+		err := t.t.Resize(ctx, uint(a.Cols), uint(a.Rows))
+		cancel()
+		s.mu.Lock()
+		if err != nil {
 			return err.Error()
+		}
+		if s.terms[channel] != t {
+			return fmt.Sprintf("terminal %q was disposed", channel)
 		}
 	case "terminal/claimed":
 		if a.Claim == nil {
@@ -241,7 +255,11 @@ func (s *Server) apply(from *conn, channel string, a Action, origin *Origin) str
 		if cur.Kind != "client" || cur.ClientID != origin.ClientID {
 			return fmt.Sprintf("only the holder of the claim may change it (held by %s %s%s)", cur.Kind, cur.ClientID, cur.Session)
 		}
-	case "terminal/titleChanged", "terminal/cleared":
+	case "terminal/titleChanged":
+		if len(a.Title) > maxTitle {
+			return fmt.Sprintf("title longer than %d bytes", maxTitle)
+		}
+	case "terminal/cleared":
 	default:
 		return fmt.Sprintf("%s cannot be dispatched by a client", a.Type)
 	}
