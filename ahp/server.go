@@ -278,6 +278,9 @@ func (s *Server) emitLocked(channel string, a Action, origin *Origin) {
 func (s *Server) terminalsChangedLocked() {
 	list := make([]TerminalInfo, 0, len(s.terms))
 	for uri, t := range s.terms {
+		if t.t == nil {
+			continue // still starting
+		}
 		list = append(list, TerminalInfo{Resource: uri, Title: t.state.Title, Claim: t.state.Claim, ExitCode: t.state.ExitCode})
 	}
 	slices.SortFunc(list, func(a, b TerminalInfo) int { return strings.Compare(a.Resource, b.Resource) })
@@ -289,7 +292,7 @@ func (s *Server) snapshotLocked(channel string) (map[string]any, bool) {
 	var state any
 	if channel == RootURI {
 		state = s.root
-	} else if t, ok := s.terms[channel]; ok {
+	} else if t, ok := s.terms[channel]; ok && t.t != nil {
 		t.fold(s.cfg.MaxContent)
 		state = t.state
 	} else {

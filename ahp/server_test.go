@@ -15,11 +15,14 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/sandboxd/sandboxd/sandbox"
 )
 
 func testServer(cfg Config) *Server {
 	s := NewServer(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	s.terms["ahp-terminal:/t"] = &terminal{uri: "ahp-terminal:/t", s: s, state: TerminalState{Content: []ContentPart{}}}
+	// A terminal with no exec behind it: enough for state and delivery.
+	s.terms["ahp-terminal:/t"] = &terminal{uri: "ahp-terminal:/t", s: s, t: &sandbox.Terminal{}, state: TerminalState{Content: []ContentPart{}}}
 	return s
 }
 

@@ -127,6 +127,13 @@ func (s *Server) createTerminal(ctx context.Context, params json.RawMessage) (an
 		title = "bash"
 	}
 	s.mu.Lock()
+	if s.terms[p.Channel] != t {
+		// The server closed while the exec started.
+		s.mu.Unlock()
+		sess.Release(context.WithoutCancel(ctx), run.ID)
+		close(t.ready)
+		return nil, &rpcError{Code: codeInternal, Message: "createTerminal: the server is closing"}
+	}
 	t.session, t.t = sess, run
 	t.state = TerminalState{Title: title, Cwd: fileURI(dir), Cols: int(cols), Rows: int(rows), Content: []ContentPart{}, Claim: *p.Claim}
 	s.terminalsChangedLocked()
@@ -149,8 +156,9 @@ func (s *Server) disposeTerminal(ctx context.Context, params json.RawMessage) (a
 	}
 	s.mu.Lock()
 	t, ok := s.terms[p.Channel]
+	ok = ok && t.t != nil
 	s.mu.Unlock()
-	if !ok || t.t == nil {
+	if !ok {
 		return nil, invalid("disposeTerminal: unknown terminal %q", p.Channel)
 	}
 	// Once the terminal is out of the list its processes must go, even
@@ -170,12 +178,18 @@ func (t *terminal) dispose(ctx context.Context) error {
 		return nil
 	}
 	delete(s.terms, t.uri)
-	s.terminalsChangedLocked()
-	s.mu.Unlock()
-	if t.t == nil {
-		return nil
+	for c := range s.conns {
+		c.mu.Lock()
+		delete(c.subs, t.uri)
+		c.mu.Unlock()
 	}
-	if err := t.session.Release(ctx, t.t.ID); err != nil {
+	s.terminalsChangedLocked()
+	run, sess := t.t, t.session
+	s.mu.Unlock()
+	if run == nil {
+		return nil // still starting: createTerminal releases it
+	}
+	if err := sess.Release(ctx, run.ID); err != nil {
 		return fmt.Errorf("dispose terminal %s: %w", t.uri, err)
 	}
 	return nil
