@@ -37,6 +37,13 @@ type Parser struct {
 	nonce   string
 	max     int
 	pending []byte // an escape sequence whose end has not arrived yet
+	// scanned is how much of pending is known to hold no end, so that a
+	// sequence arriving a byte at a time is not scanned over and over.
+	scanned int
+	// skipping is set while the rest of a sequence cut at the length
+	// bound goes by: it is dropped up to its end, as a terminal drops it,
+	// so that none of it (an E sequence's nonce) reaches the data.
+	skipping bool
 }
 
 // NewParser returns a parser that trusts E sequences carrying nonce.
@@ -53,12 +60,17 @@ const (
 // OSC 633 sequence, also one split across chunks, and the events found.
 // Other sequences pass through unchanged.
 func (p *Parser) Feed(data []byte) (out []byte, events []Event) {
-	buf := data
-	if len(p.pending) > 0 {
-		buf = append(p.pending, data...)
-		p.pending = nil
+	if p.skipping {
+		data = p.skip(data)
 	}
-	out = make([]byte, 0, len(buf))
+	buf, resume, held := data, 0, false
+	if len(p.pending) > 0 {
+		// Grown in place: a long sequence arriving in small pieces is
+		// neither copied nor scanned again with each.
+		buf, resume, held = append(p.pending, data...), p.scanned, true
+		p.pending, p.scanned = nil, 0
+	}
+	out = make([]byte, 0, len(data))
 	i := 0
 	for i < len(buf) {
 		j := bytes.IndexByte(buf[i:], esc)
@@ -85,10 +97,19 @@ func (p *Parser) Feed(data []byte) (out []byte, events []Event) {
 			i += 2
 			continue
 		}
-		body, end, state := p.scan(buf, i+2)
+		at := i + 2
+		if i == 0 {
+			at = max(at, resume)
+		}
+		body, end, state := p.scan(buf, i+2, at)
 		switch state {
 		case incomplete:
-			p.pending = append([]byte(nil), buf[i:]...)
+			if held && i == 0 {
+				p.pending = buf
+			} else {
+				p.pending = append([]byte(nil), buf[i:]...)
+			}
+			p.scanned = end - i
 			i = len(buf)
 			continue
 		case complete:
@@ -104,8 +125,29 @@ func (p *Parser) Feed(data []byte) (out []byte, events []Event) {
 			out = append(out, buf[i:end]...)
 		}
 		i = end
+		if state == tooLong {
+			p.skipping = true
+			rest := p.skip(buf[i:])
+			i = len(buf) - len(rest)
+		}
 	}
 	return out, events
+}
+
+// skip drops the rest of a sequence cut at the length bound: up to and
+// with a BEL, or up to an ESC, which starts something new.
+func (p *Parser) skip(data []byte) []byte {
+	for k, b := range data {
+		switch b {
+		case bel:
+			p.skipping = false
+			return data[k+1:]
+		case esc:
+			p.skipping = false
+			return data[k:]
+		}
+	}
+	return nil
 }
 
 type scanState int
@@ -113,23 +155,26 @@ type scanState int
 const (
 	incomplete scanState = iota // the end has not arrived yet
 	complete                    // ended by BEL or ESC \
-	aborted                     // cut short by another ESC or by the length bound
+	aborted                     // cut short by another ESC
+	tooLong                     // cut at the length bound
 )
 
-// scan finds the end of an OSC body starting at from. It returns the body,
-// the index just past the sequence, and how it ended.
-func (p *Parser) scan(buf []byte, from int) ([]byte, int, scanState) {
+// scan finds the end of an OSC body starting at from, looking from at on
+// (what lies between is known to hold no end). It returns the body, the
+// index just past the sequence, and how it ended; when the end has not
+// arrived, the index to look from next time.
+func (p *Parser) scan(buf []byte, from, at int) ([]byte, int, scanState) {
 	limit := from + p.max
-	for k := from; k < len(buf); k++ {
+	for k := at; k < len(buf); k++ {
 		if k >= limit {
-			return buf[from:k], k, aborted
+			return buf[from:k], k, tooLong
 		}
 		switch buf[k] {
 		case bel:
 			return buf[from:k], k + 1, complete
 		case esc:
 			if k+1 >= len(buf) {
-				return nil, 0, incomplete
+				return nil, k, incomplete
 			}
 			if buf[k+1] == '\\' {
 				return buf[from:k], k + 2, complete
@@ -139,9 +184,9 @@ func (p *Parser) scan(buf []byte, from int) ([]byte, int, scanState) {
 		}
 	}
 	if len(buf) >= limit {
-		return buf[from:limit], limit, aborted
+		return buf[from:limit], limit, tooLong
 	}
-	return nil, 0, incomplete
+	return nil, len(buf), incomplete
 }
 
 // event decodes a complete OSC body.

@@ -74,11 +74,28 @@ func feedChunks(p *Parser, in []byte, cut int) ([]byte, []Event) {
 }
 
 func TestUnterminatedSequenceIsBounded(t *testing.T) {
-	p := NewParser("n")
-	p.max = 16
-	out, _ := p.Feed([]byte("\x1b]633;E;" + string(bytes.Repeat([]byte("x"), 100)) + "\x07after"))
-	if bytes.Contains(out, []byte("\x1b]633;")) || !bytes.HasSuffix(out, []byte("after")) {
+	bounded := func() *Parser {
+		p := NewParser("n")
+		p.max = 16
+		return p
+	}
+	p := bounded()
+	// What lies beyond the bound is dropped too, up to the sequence's
+	// end: an E sequence's nonce never reaches the data.
+	long := "\x1b]633;E;" + string(bytes.Repeat([]byte("x"), 100)) + ";n\x07after"
+	for cut := 0; cut <= len(long); cut++ {
+		out, _ := feedChunks(bounded(), []byte(long), cut)
+		if string(out) != "after" {
+			t.Errorf("split at %d: out = %q, want %q", cut, out, "after")
+		}
+	}
+	out, _ := p.Feed([]byte(long))
+	if string(out) != "after" {
 		t.Errorf("out = %q", out)
+	}
+	out, _ = p.Feed([]byte("\x1b]0;" + string(bytes.Repeat([]byte("y"), 100)) + "\x1b[0m"))
+	if string(out) != "\x1b[0m" {
+		t.Errorf("a sequence cut at the bound ends at the next ESC: out = %q", out)
 	}
 	if len(p.pending) != 0 {
 		t.Errorf("pending = %d bytes", len(p.pending))
@@ -86,6 +103,34 @@ func TestUnterminatedSequenceIsBounded(t *testing.T) {
 	p.Feed([]byte("\x1b]0;" + string(bytes.Repeat([]byte("y"), 1000))))
 	if len(p.pending) > 16+2 {
 		t.Errorf("pending grew to %d bytes", len(p.pending))
+	}
+}
+
+// A sequence arriving a byte at a time is scanned once, not again with
+// every byte.
+func TestPendingSequenceIsNotRescanned(t *testing.T) {
+	p := NewParser("n")
+	seq := append([]byte("\x1b]633;E;"), bytes.Repeat([]byte("x"), 1000)...)
+	for i := range seq {
+		p.Feed(seq[i : i+1])
+		if i > 0 && p.scanned != len(p.pending) {
+			t.Fatalf("after %d bytes: scanned %d of %d pending", i+1, p.scanned, len(p.pending))
+		}
+	}
+	out, events := p.Feed([]byte(";n\x07"))
+	if len(out) != 0 || len(events) != 1 || events[0].CommandLine != string(bytes.Repeat([]byte("x"), 1000)) {
+		t.Errorf("out %q, %d events", out, len(events))
+	}
+}
+
+func BenchmarkLongSequenceByteAtATime(b *testing.B) {
+	seq := append([]byte("\x1b]633;E;"), bytes.Repeat([]byte("x"), DefaultMaxSequence-16)...)
+	seq = append(seq, ";n\x07"...)
+	for b.Loop() {
+		p := NewParser("n")
+		for i := range seq {
+			p.Feed(seq[i : i+1])
+		}
 	}
 }
 
