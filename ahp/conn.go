@@ -368,9 +368,7 @@ func (c *conn) reconnectLocked(params json.RawMessage) (any, *rpcError) {
 	return map[string]any{"type": "snapshot", "snapshots": snaps}, nil
 }
 
-// dispatch handles a client's action: it takes effect and is echoed to
-// every subscriber, or it is echoed to the client alone with the reason it
-// was rejected.
+// dispatch handles a client's action.
 func (c *conn) dispatch(params json.RawMessage) {
 	var p struct {
 		Channel   string `json:"channel"`
@@ -384,13 +382,5 @@ func (c *conn) dispatch(params json.RawMessage) {
 	c.mu.Lock()
 	origin := &Origin{ClientID: c.clientID, ClientSeq: p.ClientSeq}
 	c.mu.Unlock()
-	reason := c.s.apply(c, p.Channel, p.Action, origin)
-	if reason == "" {
-		return
-	}
-	c.hold()
-	c.s.mu.Lock()
-	env := Envelope{Channel: p.Channel, Action: p.Action, ServerSeq: c.s.seq, Origin: origin, RejectionReason: reason}
-	c.s.mu.Unlock()
-	c.send(notification("action", env))
+	c.s.apply(c, p.Channel, p.Action, origin)
 }

@@ -172,9 +172,12 @@ func (s *Server) Close() {
 		terms = append(terms, t)
 	}
 	s.mu.Unlock()
+	// Together: each may wait out its processes' grace period.
+	var wg sync.WaitGroup
 	for _, t := range terms {
-		t.dispose(context.WithoutCancel(s.ctx))
+		wg.Go(func() { t.dispose(context.WithoutCancel(s.ctx)) })
 	}
+	wg.Wait()
 	s.wg.Wait()
 }
 

@@ -31,6 +31,13 @@ type terminal struct {
 	// ready is closed once state is set up; output waits for it.
 	ready chan struct{}
 
+	// input carries client input to the PTY, in the order the actions
+	// were numbered, written by a goroutine of the terminal's own: a
+	// program that does not read its terminal must not hold up the
+	// client that typed. inputBytes is what it holds (guarded by s.mu).
+	input      chan []byte
+	inputBytes int
+
 	// Used by the exec's output goroutine only, then by wait.
 	parser    *osc633.Parser
 	detecting bool
@@ -48,6 +55,10 @@ const (
 	maxSize = 10000
 	// maxTitle bounds a title a client sets.
 	maxTitle = 4096
+	// maxInput bounds the input waiting for a terminal's program to read
+	// it, in bytes and in actions; a single larger action is taken when
+	// nothing waits.
+	maxInput, maxInputActions = 1 << 20, 1024
 )
 
 func (s *Server) createTerminal(ctx context.Context, params json.RawMessage) (any, *rpcError) {
@@ -84,7 +95,7 @@ func (s *Server) createTerminal(ctx context.Context, params json.RawMessage) (an
 		return nil, &rpcError{Code: codeAlreadyExists, Message: fmt.Sprintf("terminal %s already exists", p.Channel)}
 	}
 	// Reserve the URI while the exec starts.
-	t := &terminal{uri: p.Channel, s: s, ready: make(chan struct{})}
+	t := &terminal{uri: p.Channel, s: s, ready: make(chan struct{}), input: make(chan []byte, maxInputActions)}
 	s.terms[p.Channel] = t
 	s.mu.Unlock()
 	fail := func(e *rpcError) (any, *rpcError) {
@@ -139,12 +150,34 @@ func (s *Server) createTerminal(ctx context.Context, params json.RawMessage) (an
 	s.terminalsChangedLocked()
 	s.mu.Unlock()
 	close(t.ready)
-	s.wg.Add(1)
+	s.wg.Add(2)
 	go func() {
 		defer s.wg.Done()
 		t.wait()
 	}()
+	go func() {
+		defer s.wg.Done()
+		t.writeInput()
+	}()
 	return nil, nil
+}
+
+// writeInput writes queued input to the PTY until the terminal ends.
+func (t *terminal) writeInput() {
+	for {
+		select {
+		case p := <-t.input:
+			err := t.t.Input(p)
+			t.s.mu.Lock()
+			t.inputBytes -= len(p)
+			t.s.mu.Unlock()
+			if err != nil {
+				t.s.log.Debug("ahp terminal input lost", "terminal", t.uri, "err", err)
+			}
+		case <-t.t.Done():
+			return
+		}
+	}
 }
 
 func (s *Server) disposeTerminal(ctx context.Context, params json.RawMessage) (any, *rpcError) {
@@ -223,27 +256,51 @@ func (t *terminal) fold(max int) {
 	t.unfolded = t.unfolded[:0]
 }
 
-// apply carries out a client's action on a channel and returns why it was
-// rejected, or "" when it took effect.
-func (s *Server) apply(from *conn, channel string, a Action, origin *Origin) string {
+// apply carries out a client's action on a channel: it takes effect and is
+// echoed to every subscriber, or it is echoed to the client alone with the
+// reason it was rejected. Either echo is queued under the lock, so that it
+// keeps its place among the actions the client receives.
+func (s *Server) apply(from *conn, channel string, a Action, origin *Origin) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if reason := s.applyLocked(from, channel, a, origin); reason != "" {
+		from.hold()
+		from.send(notification("action", Envelope{Channel: channel, Action: a, ServerSeq: s.seq, Origin: origin, RejectionReason: reason}))
+	}
+}
+
+// applyLocked carries out an action and returns why it was rejected, or ""
+// when it took effect. s.mu must be held; resize leaves it meanwhile.
+func (s *Server) applyLocked(from *conn, channel string, a Action, origin *Origin) string {
 	t, ok := s.terms[channel]
 	if !ok || t.t == nil {
 		return fmt.Sprintf("unknown terminal %q", channel)
 	}
 	switch a.Type {
 	case "terminal/input":
-		// Writing to the PTY may block while its program does not read:
-		// not under the lock.
-		s.mu.Unlock()
-		err := t.t.Input([]byte(a.Data))
-		s.mu.Lock()
-		if err != nil {
-			return err.Error()
+		if t.t.Exited() {
+			return fmt.Sprintf("terminal %q has exited", channel)
 		}
-		if s.terms[channel] != t {
-			return fmt.Sprintf("terminal %q was disposed", channel)
+		data := []byte(a.Data)
+		if t.inputBytes == 0 {
+			// Nothing waits: straight to the PTY, without a hop to the
+			// input goroutine, unless the PTY does not take it at once.
+			n, err := t.t.TryInput(data)
+			if err != nil {
+				return err.Error()
+			}
+			data = data[n:]
+		}
+		if len(data) > 0 {
+			if t.inputBytes > 0 && t.inputBytes+len(data) > maxInput {
+				return fmt.Sprintf("terminal %q is not reading its input: %d bytes wait", channel, t.inputBytes)
+			}
+			select {
+			case t.input <- data:
+				t.inputBytes += len(data)
+			default:
+				return fmt.Sprintf("terminal %q is not reading its input: %d actions wait", channel, len(t.input))
+			}
 		}
 	case "terminal/resized":
 		if a.Cols <= 0 || a.Rows <= 0 || a.Cols > maxSize || a.Rows > maxSize {
@@ -277,8 +334,7 @@ func (s *Server) apply(from *conn, channel string, a Action, origin *Origin) str
 	default:
 		return fmt.Sprintf("%s cannot be dispatched by a client", a.Type)
 	}
-	// After the input is written, which may block: the echo to the client
-	// that sent it leaves from its reader.
+	// The echo to the client that sent it leaves from its reader.
 	from.hold()
 	s.emitLocked(channel, a, origin)
 	if a.Type == "terminal/claimed" || a.Type == "terminal/titleChanged" {

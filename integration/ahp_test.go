@@ -228,6 +228,24 @@ func terminalClient(t testing.TB, a *ahpServer, clientID, channel, dir string) *
 	return c
 }
 
+// subscribedTerminal is terminalClient subscribed to its terminal.
+func subscribedTerminal(t testing.TB, a *ahpServer, clientID, channel, dir string) *ahpClient {
+	t.Helper()
+	c := terminalClient(t, a, clientID, channel, dir)
+	c.subscribe(channel)
+	return c
+}
+
+// executed reports whether the client saw command line start on channel.
+func (c *ahpClient) executed(channel, line string) bool {
+	for _, e := range c.envelopes() {
+		if e.Channel == channel && e.Action.Type == "terminal/commandExecuted" && e.Action.CommandLine == line {
+			return true
+		}
+	}
+	return false
+}
+
 // watcher connects as clientID and subscribes to channel.
 func watcher(t testing.TB, a *ahpServer, clientID, channel string) *ahpClient {
 	t.Helper()
@@ -344,16 +362,11 @@ func TestAHPTerminal(t *testing.T) {
 		}
 	}
 
-	// Dispose leaves no process of the terminal in the container.
-	c.input(term, "sleep 312\r", 5)
-	eventually(t, "sleep started", 30*time.Second, func() bool {
-		for _, e := range c.envelopes() {
-			if e.Action.Type == "terminal/commandExecuted" && e.Action.CommandLine == "sleep 312" {
-				return true
-			}
-		}
-		return false
-	})
+	// Dispose hangs the terminal up, and leaves no process of it in the
+	// container.
+	const line = "trap 'echo hung up >/tmp/hup' HUP; sleep 312"
+	c.input(term, line+"\r", 5)
+	eventually(t, "sleep started", 30*time.Second, func() bool { return c.executed(term, line) })
 	if r := c.call("disposeTerminal", map[string]any{"channel": term}); r.Error != nil {
 		t.Fatalf("dispose: %+v", r.Error)
 	}
@@ -364,6 +377,9 @@ func TestAHPTerminal(t *testing.T) {
 	out, _ := exec.Command("docker", "exec", ids[0], "ps", "-o", "args").CombinedOutput()
 	if strings.Contains(string(out), "sleep 312") || strings.Contains(string(out), "bash") {
 		t.Errorf("processes left after dispose:\n%s", out)
+	}
+	if out, err := exec.Command("docker", "exec", ids[0], "cat", "/tmp/hup").CombinedOutput(); err != nil || string(out) != "hung up\n" {
+		t.Errorf("the shell was not hung up: %q %v", out, err)
 	}
 }
 
@@ -385,8 +401,7 @@ func TestAHPReconnect(t *testing.T) {
 	ws := workspace(t)
 	a := startAHP(t, ws)
 	const term = "ahp-terminal:/r"
-	c1 := terminalClient(t, a, "dropped", term, ws)
-	c1.subscribe(term)
+	c1 := subscribedTerminal(t, a, "dropped", term, ws)
 	typist := watcher(t, a, "typist", term)
 	typist.input(term, "echo o''ne\r", 1)
 	eventually(t, "one", 60*time.Second, func() bool { return strings.Contains(c1.data(term), "one\r\n") })
@@ -467,8 +482,7 @@ func TestAHPTitleAndForgedSequences(t *testing.T) {
 	ws := workspace(t)
 	a := startAHP(t, ws)
 	const term = "ahp-terminal:/title"
-	c := terminalClient(t, a, "client-t", term, ws)
-	c.subscribe(term)
+	c := subscribedTerminal(t, a, "client-t", term, ws)
 	c.input(term, "printf '\\033]0;build: step 1\\007'; printf '\\033]2;build: step 2\\033\\\\'; echo ti''tled\r", 1)
 	eventually(t, "titled", 60*time.Second, func() bool { return strings.Contains(c.data(term), "titled\r\n") })
 	var titles []string
@@ -526,5 +540,47 @@ func TestAHPRefusesWrongTokenAndForeignOrigin(t *testing.T) {
 	_, err = dialAHP(t, a, http.Header{"Authorization": {"Bearer " + a.token}, "Origin": {"https://evil.example"}})
 	if err == nil || !strings.Contains(err.Error(), "403") {
 		t.Errorf("foreign origin: err = %v, want a refused handshake (403)", err)
+	}
+}
+
+// A terminal whose program does not read its input fills every buffer on
+// the way to it; the client that typed must still be served, get a clear
+// rejection once too much waits, and be able to dispose the terminal.
+func TestAHPInputToATerminalThatDoesNotRead(t *testing.T) {
+	ws := workspace(t)
+	a := startAHP(t, ws)
+	const term = "ahp-terminal:/stuck"
+	c := subscribedTerminal(t, a, "client-s", term, ws)
+	c.input(term, "sleep 600\r", 1)
+	eventually(t, "sleep started", 60*time.Second, func() bool { return c.executed(term, "sleep 600") })
+	// Whole lines, so that the line discipline keeps them for a reader
+	// rather than dropping what does not fit.
+	line := strings.Repeat("x", 1023) + "\r"
+	chunk := strings.Repeat(line, 64) // 64 KiB
+	const chunks = 96                 // 6 MiB: far beyond every buffer
+	for i := range chunks {
+		c.input(term, chunk, 10+i)
+	}
+	eventually(t, "input rejected", 60*time.Second, func() bool {
+		for _, e := range c.envelopes() {
+			if e.Action.Type == "terminal/input" && strings.Contains(e.RejectionReason, "is not reading its input") {
+				return true
+			}
+		}
+		return false
+	})
+	// The connection still answers, and the terminal goes.
+	if r := c.call("createTerminal", map[string]any{"channel": "ahp-terminal:/other", "claim": map[string]any{"kind": "client", "clientId": "client-s"}}); r.Error != nil {
+		t.Fatalf("createTerminal after stuck input: %+v", r.Error)
+	}
+	if r := c.call("disposeTerminal", map[string]any{"channel": term}); r.Error != nil {
+		t.Fatalf("dispose: %+v", r.Error)
+	}
+	ids := containersOf(t, a.srv.cmd.Process.Pid)
+	if len(ids) != 1 {
+		t.Fatalf("containers = %v", ids)
+	}
+	if out, _ := exec.Command("docker", "exec", ids[0], "ps", "-o", "args").CombinedOutput(); strings.Contains(string(out), "sleep 600") {
+		t.Errorf("processes left after dispose:\n%s", out)
 	}
 }

@@ -270,8 +270,7 @@ func TestWrapSharesTheAgentsContainerOverAHP(t *testing.T) {
 	before := containersOf(t, w.cmd.Process.Pid) // the session's, and wrap's spare
 	a := ahpListening(t, w.logs)
 	const term = "ahp-terminal:/shared"
-	c := terminalClient(t, a, "person", term, ws)
-	c.subscribe(term)
+	c := subscribedTerminal(t, a, "person", term, ws)
 	c.input(term, "grep /etc/hostname /proc/self/mountinfo; pwd; echo do''ne\r", 1)
 	eventually(t, "done", time.Minute, func() bool { return strings.Contains(c.data(term), "done\r\n") })
 	d := c.data(term)

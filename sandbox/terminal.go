@@ -406,8 +406,9 @@ func (t *Terminal) Wait(ctx context.Context) (ExitStatus, error) {
 	}
 }
 
-// Kill stops the command and every process it started: SIGTERM, then after
-// the grace period SIGKILL. It returns once the command has exited. Killing
+// Kill stops the command and every process it started: SIGTERM (SIGHUP for
+// a TTY, a terminal being closed, which interactive shells obey and SIGTERM
+// they ignore), then after the grace period SIGKILL. It returns once the command has exited. Killing
 // a command that has exited does nothing.
 func (t *Terminal) Kill(ctx context.Context) error {
 	if t.Exited() {
@@ -433,7 +434,11 @@ func (t *Terminal) Kill(ctx context.Context) error {
 	kctx := context.WithoutCancel(ctx)
 	grace := time.Duration(t.session.m.cfg.Terminal.KillGrace)
 	if grace > 0 {
-		if err := t.signalAll(kctx, syscall.SIGTERM); err != nil {
+		stop := syscall.SIGTERM
+		if t.cmd.TTY {
+			stop = syscall.SIGHUP
+		}
+		if err := t.signalAll(kctx, stop); err != nil {
 			return fmt.Errorf("kill terminal %s: %w", t.ID, err)
 		}
 		select {
@@ -481,6 +486,41 @@ func (t *Terminal) Input(p []byte) error {
 		return fmt.Errorf("input to terminal %s: %w", t.ID, err)
 	}
 	return nil
+}
+
+// TryInput writes as much of p to a TTY terminal's input as the connection
+// takes without waiting, and returns how much that was: a program that
+// does not read its terminal fills the connection, and whoever types must
+// then not wait for it. It writes nothing when the connection cannot be
+// written that way; Input then writes.
+func (t *Terminal) TryInput(p []byte) (int, error) {
+	if !t.cmd.TTY {
+		return 0, fmt.Errorf("input to terminal %s: %w: not a TTY", t.ID, ErrInvalid)
+	}
+	sc, ok := t.conn.Conn.(syscall.Conn)
+	if !ok {
+		return 0, nil
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return 0, nil
+	}
+	var n int
+	var werr error
+	err = rc.Write(func(fd uintptr) bool {
+		n, werr = syscall.Write(int(fd), p)
+		return true // one attempt, never a wait
+	})
+	if errors.Is(werr, syscall.EAGAIN) || errors.Is(werr, syscall.EINTR) {
+		return 0, nil
+	}
+	if err == nil {
+		err = werr
+	}
+	if err != nil {
+		return 0, fmt.Errorf("input to terminal %s: %w", t.ID, err)
+	}
+	return n, nil
 }
 
 // close frees the terminal's connection. The output stays readable to
