@@ -218,8 +218,22 @@ func (c *conn) handle(ctx context.Context, data []byte) {
 	isRequest := len(m.ID) > 0 && string(m.ID) != "null"
 	var res any
 	var rerr *rpcError
-	switch m.Method {
-	case "initialize", "subscribe", "reconnect":
+	c.mu.Lock()
+	known := c.clientID != ""
+	c.mu.Unlock()
+	handshake := m.Method == "initialize" || m.Method == "reconnect"
+	switch {
+	case m.Method == "ping":
+	case handshake && known:
+		// The client's id, which its claims and origins carry, is
+		// settled once per connection.
+		rerr = &rpcError{Code: codeInvalidRequest, Message: m.Method + ": the connection is already initialized"}
+	case !handshake && !known:
+		rerr = &rpcError{Code: codeInvalidRequest, Message: fmt.Sprintf("%.100s: initialize (or reconnect) first", m.Method)}
+	}
+	switch {
+	case rerr != nil:
+	case handshake || m.Method == "subscribe":
 		// The answer is queued under the server lock it was made under,
 		// so no action newer than its snapshot or replay reaches the
 		// client before it.
@@ -233,9 +247,9 @@ func (c *conn) handle(ctx context.Context, data []byte) {
 		default:
 			res, rerr = c.reconnectLocked(m.Params)
 		}
-	case "ping":
+	case m.Method == "ping":
 		res = struct{}{}
-	case "unsubscribe":
+	case m.Method == "unsubscribe":
 		var p struct {
 			Channel string `json:"channel"`
 		}
@@ -243,14 +257,14 @@ func (c *conn) handle(ctx context.Context, data []byte) {
 		c.mu.Lock()
 		delete(c.subs, p.Channel)
 		c.mu.Unlock()
-	case "createTerminal":
+	case m.Method == "createTerminal":
 		res, rerr = c.s.createTerminal(ctx, m.Params)
-	case "disposeTerminal":
+	case m.Method == "disposeTerminal":
 		res, rerr = c.s.disposeTerminal(ctx, m.Params)
-	case "dispatchAction":
+	case m.Method == "dispatchAction":
 		c.dispatch(m.Params)
 	default:
-		rerr = &rpcError{Code: codeMethodNotFound, Message: "method not found: " + m.Method}
+		rerr = &rpcError{Code: codeMethodNotFound, Message: fmt.Sprintf("method not found: %.100s", m.Method)}
 	}
 	if isRequest {
 		if rerr == nil && res == nil {

@@ -193,6 +193,9 @@ func TestCreateTerminalRefusesBadParams(t *testing.T) {
 		{"huge channel", `{"channel":"ahp-terminal:/` + strings.Repeat("x", 2000) + `","claim":{"kind":"client","clientId":"c"}}`, codeInvalidParams},
 		{"no claim", `{"channel":"ahp-terminal:/new"}`, codeInvalidParams},
 		{"unknown claim kind", `{"channel":"ahp-terminal:/new","claim":{"kind":"root"}}`, codeInvalidParams},
+		{"client claim without client", `{"channel":"ahp-terminal:/new","claim":{"kind":"client"}}`, codeInvalidParams},
+		{"session claim without session", `{"channel":"ahp-terminal:/new","claim":{"kind":"session","clientId":"c"}}`, codeInvalidParams},
+		{"huge claim", `{"channel":"ahp-terminal:/new","claim":{"kind":"client","clientId":"` + strings.Repeat("c", 2000) + `"}}`, codeInvalidParams},
 		{"relative cwd", `{"channel":"ahp-terminal:/new","claim":{"kind":"client","clientId":"c"},"cwd":"file:tmp"}`, codeInvalidParams},
 		{"cwd of another scheme", `{"channel":"ahp-terminal:/new","claim":{"kind":"client","clientId":"c"},"cwd":"http://x/tmp"}`, codeInvalidParams},
 		{"too wide", `{"channel":"ahp-terminal:/new","claim":{"kind":"client","clientId":"c"},"cols":100000,"rows":10}`, codeInvalidParams},
@@ -269,14 +272,21 @@ func TestSlowClientIsDisconnected(t *testing.T) {
 
 // dialSubscribed connects to a test server as clientID and subscribes to
 // its terminal.
-func dialSubscribed(t *testing.T, url, clientID string) *websocket.Conn {
+// dial connects with the token "tok".
+func dial(t *testing.T, url string) *websocket.Conn {
 	t.Helper()
-	ctx := context.Background()
-	ws, _, err := websocket.Dial(ctx, url, &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer tok"}}})
+	ws, _, err := websocket.Dial(context.Background(), url, &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer tok"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ws.SetReadLimit(1 << 20)
+	return ws
+}
+
+func dialSubscribed(t *testing.T, url, clientID string) *websocket.Conn {
+	t.Helper()
+	ctx := context.Background()
+	ws := dial(t, url)
 	for i, req := range []string{
 		`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersions":["0.4.0"],"clientId":"` + clientID + `"}}`,
 		`{"jsonrpc":"2.0","id":2,"method":"subscribe","params":{"channel":"ahp-terminal:/t"}}`,
@@ -402,5 +412,46 @@ func TestSubscribeAnswerPrecedesNewerActions(t *testing.T) {
 			}
 			break
 		}
+	}
+}
+
+// TestHandshakeComesFirst checks that a connection is served nothing but
+// ping before initialize (or reconnect), and initializes once.
+func TestHandshakeComesFirst(t *testing.T) {
+	s := testServer(Config{Token: "tok"})
+	hs := httptest.NewServer(s)
+	defer hs.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ws := dial(t, hs.URL)
+	defer ws.CloseNow()
+	for _, tc := range []struct{ req, want string }{
+		{`{"jsonrpc":"2.0","id":1,"method":"subscribe","params":{"channel":"ahp-terminal:/t"}}`, `"code":-32600`},
+		{`{"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":"ahp-terminal:/t","clientSeq":1,"action":{"type":"terminal/claimed","claim":{"kind":"client","clientId":""}}}}`, ""},
+		{`{"jsonrpc":"2.0","id":2,"method":"createTerminal","params":{"channel":"ahp-terminal:/n","claim":{"kind":"client","clientId":"c"}}}`, `"code":-32600`},
+		{`{"jsonrpc":"2.0","id":3,"method":"ping"}`, `"result":{}`},
+		{`{"jsonrpc":"2.0","id":4,"method":"initialize","params":{"protocolVersions":["0.4.0"],"clientId":"c"}}`, `"protocolVersion":"0.4.0"`},
+		{`{"jsonrpc":"2.0","id":5,"method":"initialize","params":{"protocolVersions":["0.4.0"],"clientId":"other"}}`, `"code":-32600`},
+		{`{"jsonrpc":"2.0","id":6,"method":"reconnect","params":{"clientId":"other","lastSeenServerSeq":0,"subscriptions":[]}}`, `"code":-32600`},
+		{`{"jsonrpc":"2.0","id":7,"method":"subscribe","params":{"channel":"ahp-terminal:/t"}}`, `"snapshot"`},
+		// A malformed claim is rejected, however it is sent.
+		{`{"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":"ahp-terminal:/t","clientSeq":2,"action":{"type":"terminal/claimed","claim":{"kind":"client"}}}}`, `"rejectionReason":"a client claim needs a clientId"`},
+	} {
+		if err := ws.Write(ctx, websocket.MessageText, []byte(tc.req)); err != nil {
+			t.Fatal(err)
+		}
+		if tc.want == "" {
+			continue // a notification: nothing comes back
+		}
+		_, msg, err := ws.Read(ctx)
+		if err != nil || !strings.Contains(string(msg), tc.want) {
+			t.Errorf("%s:\n got %s, %v\nwant %s", tc.req, msg, err, tc.want)
+		}
+	}
+	s.mu.Lock()
+	claim := s.terms["ahp-terminal:/t"].state.Claim
+	s.mu.Unlock()
+	if claim != (Claim{}) {
+		t.Errorf("claim = %+v: changed by actions that were refused", claim)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/url"
 	"strconv"
@@ -76,8 +77,8 @@ func (s *Server) createTerminal(ctx context.Context, params json.RawMessage) (an
 	if u, err := url.Parse(p.Channel); err != nil || u.Scheme == "" || p.Channel == RootURI || len(p.Channel) > maxURI {
 		return nil, invalid("createTerminal: channel %.100q is not a terminal URI (scheme:rest, at most %d bytes)", p.Channel, maxURI)
 	}
-	if p.Claim == nil || (p.Claim.Kind != "client" && p.Claim.Kind != "session") {
-		return nil, invalid("createTerminal: claim must be a client or session claim")
+	if why := p.Claim.check(); why != "" {
+		return nil, invalid("createTerminal: %s", why)
 	}
 	if p.Cols > maxSize || p.Rows > maxSize {
 		return nil, invalid("createTerminal: cols and rows must be at most %d", maxSize)
@@ -107,7 +108,7 @@ func (s *Server) createTerminal(ctx context.Context, params json.RawMessage) (an
 	}
 	sess, err := s.cfg.Sessions(ctx, dir)
 	if err != nil {
-		return fail(&rpcError{Code: codeInternal, Message: fmt.Sprintf("createTerminal: %v", err)})
+		return fail(sandboxError("createTerminal", err))
 	}
 	nonce := make([]byte, 16)
 	rand.Read(nonce)
@@ -131,7 +132,7 @@ func (s *Server) createTerminal(ctx context.Context, params json.RawMessage) (an
 		Stdout: ptyOutput{t},
 	})
 	if err != nil {
-		return fail(invalid("createTerminal: %v", err))
+		return fail(sandboxError("createTerminal", err))
 	}
 	title := p.Name
 	if title == "" {
@@ -180,6 +181,16 @@ func (t *terminal) writeInput() {
 	}
 }
 
+// sandboxError answers a failure of the sandbox: the client's fault when
+// the sandbox found the request invalid, else the server's.
+func sandboxError(op string, err error) *rpcError {
+	code := codeInternal
+	if errors.Is(err, sandbox.ErrInvalid) {
+		code = codeInvalidParams
+	}
+	return &rpcError{Code: code, Message: fmt.Sprintf("%s: %v", op, err)}
+}
+
 func (s *Server) disposeTerminal(ctx context.Context, params json.RawMessage) (any, *rpcError) {
 	var p struct {
 		Channel string `json:"channel"`
@@ -226,6 +237,23 @@ func (t *terminal) dispose(ctx context.Context) error {
 		return fmt.Errorf("dispose terminal %s: %w", t.uri, err)
 	}
 	return nil
+}
+
+// check returns why the claim is not well formed, or "".
+func (c *Claim) check() string {
+	switch {
+	case c == nil:
+		return "claim is required"
+	case c.Kind == "client" && c.ClientID == "":
+		return "a client claim needs a clientId"
+	case c.Kind == "session" && c.Session == "":
+		return "a session claim needs a session"
+	case c.Kind != "client" && c.Kind != "session":
+		return fmt.Sprintf("claim kind %.50q is neither client nor session", c.Kind)
+	case len(c.ClientID)+len(c.Session)+len(c.TurnID)+len(c.ToolCallID) > maxURI:
+		return fmt.Sprintf("claim longer than %d bytes", maxURI)
+	}
+	return ""
 }
 
 // appendData adds terminal data to the state, keeping at most max bytes of
@@ -319,8 +347,8 @@ func (s *Server) applyLocked(from *conn, channel string, a Action, origin *Origi
 			return fmt.Sprintf("terminal %q was disposed", channel)
 		}
 	case "terminal/claimed":
-		if a.Claim == nil {
-			return "claim is required"
+		if why := a.Claim.check(); why != "" {
+			return why
 		}
 		cur := t.state.Claim
 		if cur.Kind != "client" || cur.ClientID != origin.ClientID {
