@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -225,8 +226,47 @@ func (p *Proxy) fromEditor() error {
 
 // mayNeedProxy reports whether an agent line may be one the proxy acts on:
 // a terminal request, a tool call that shows a terminal, a cancellation.
+// A line with an escape in it may spell any of those differently, so it
+// may too: without one, a string decodes to the bytes it is written with.
 func mayNeedProxy(line []byte) bool {
-	return containsAny(line, `"terminal`, `"$/cancel_request"`)
+	return containsAny(line, `terminal`, `$/cancel_request`, `\`)
+}
+
+// decodeStrict decodes an agent's message as every peer reads it, or fails.
+// encoding/json matches member names regardless of case and lets the last
+// of a repeated member win, where the editor's parser may match exactly or
+// keep the first: a message whose method the two could read differently
+// (say, "method" and "METHOD") could slip a terminal request past the
+// proxy to an editor that runs it on the host.
+func decodeStrict(body []byte) (message, error) {
+	members := [...]string{"jsonrpc", "id", "method", "params", "result", "error"}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return message{}, fmt.Errorf("not a JSON object")
+	}
+	var seen [len(members)]bool
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return message{}, err
+		}
+		key, _ := tok.(string)
+		for i, name := range members {
+			if strings.EqualFold(key, name) {
+				if key != name || seen[i] {
+					return message{}, fmt.Errorf("member %q is ambiguous", truncate([]byte(key), 40))
+				}
+				seen[i] = true
+			}
+		}
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return message{}, err
+		}
+	}
+	var m message
+	err := json.Unmarshal(body, &m)
+	return m, err
 }
 
 func (p *Proxy) fromAgent() error {
@@ -249,13 +289,15 @@ func (p *Proxy) fromAgent() error {
 			}
 			continue
 		}
-		var m message
-		if err := json.Unmarshal(body, &m); err != nil {
+		m, err := decodeStrict(body)
+		if err != nil {
 			p.log.Warn("dropped a message from the agent that is not JSON-RPC", "err", err, "line", truncate(body, 200))
 			continue
 		}
 		switch {
-		case IsTerminalMethod(m.Method):
+		case strings.HasPrefix(m.Method, "terminal/"):
+			// Every terminal method is the proxy's: one it does not know
+			// gets method not found from it, never the editor's host.
 			if m.isRequest() {
 				p.answerTerminal(m)
 			} else {
@@ -266,7 +308,7 @@ func (p *Proxy) fromAgent() error {
 			continue
 		case m.isResponse():
 			p.sessionAnswered(m)
-		case m.Method == "session/update" && bytes.Contains(m.Params, []byte(`"terminal"`)):
+		case m.Method == "session/update" && containsAny(m.Params, `terminal`, `\`):
 			p.updates.Lock()
 			if out := p.rewriteUpdate(body, m.Params); out != nil {
 				line = append(out, '\n')

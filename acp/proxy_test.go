@@ -138,6 +138,12 @@ func TestWrapProxyDropsAgentLinesThatAreNotMessages(t *testing.T) {
 		`{"jsonrpc":"2.0","method":"session/update"` + "\n",               // cut short
 		`{"jsonrpc":"2.0","method":"terminal/output","params":{}}` + "\n", // a terminal notification
 		"\n",
+		// Read one way by encoding/json and another by a parser that
+		// matches names exactly or keeps the first of a repeat.
+		`{"jsonrpc":"2.0","id":1,"method":"terminal/create","METHOD":"x/y","params":{}}` + "\n",
+		`{"jsonrpc":"2.0","id":2,"method":"terminal/create","method":"x/y","params":{}}` + "\n",
+		`{"jsonrpc":"2.0","id":3,"Method":"terminal/create","params":{}}` + "\n",
+		`{"jsonrpc":"2.0","id":4,"method":"x/y","paramſ":{},"params":{"a":"terminal"}}` + "\n",
 	} {
 		send(t, pp.toProxyFromAgent, line)
 	}
@@ -146,8 +152,8 @@ func TestWrapProxyDropsAgentLinesThatAreNotMessages(t *testing.T) {
 	if got := recv(t, pp.editor); got != last {
 		t.Errorf("editor got %q, want only the message %q", got, last)
 	}
-	if n := strings.Count(pp.logs.String(), "dropped"); n != 5 {
-		t.Errorf("logged %d drops, want 5:\n%s", n, pp.logs)
+	if n := strings.Count(pp.logs.String(), "dropped"); n != 9 {
+		t.Errorf("logged %d drops, want 9:\n%s", n, pp.logs)
 	}
 }
 
@@ -162,6 +168,10 @@ func TestWrapProxyAnswersTerminalRequestsItself(t *testing.T) {
 		{"string id", `{"jsonrpc":"2.0","id":"w-1","method":"terminal/wait_for_exit","params":{"sessionId":"nope","terminalId":"t"}}`, CodeResourceMissing, "unknown session"},
 		{"missing field", `{"jsonrpc":"2.0","id":6,"method":"terminal/create","params":{"command":"ls"}}`, CodeInvalidParams, "sessionId: required"},
 		{"params not an object", `{"jsonrpc":"2.0","id":7,"method":"terminal/kill","params":[1]}`, CodeInvalidParams, "must be an object"},
+		// However the method is spelled, the editor never sees it.
+		{"escaped method", `{"jsonrpc":"2.0","id":8,"method":"\u0074erminal/output","params":{"sessionId":"nope","terminalId":"t"}}`, CodeResourceMissing, "unknown session"},
+		{"escaped slash", `{"jsonrpc":"2.0","id":9,"method":"terminal\/output","params":{"sessionId":"nope","terminalId":"t"}}`, CodeResourceMissing, "unknown session"},
+		{"unknown terminal method", `{"jsonrpc":"2.0","id":10,"method":"terminal/run","params":{}}`, CodeMethodNotFound, "terminal/run"},
 	}
 	pp := startProxy(t)
 	for _, tc := range tests {
