@@ -230,8 +230,9 @@ func (t *Terminals) create(ctx context.Context, params json.RawMessage) (any, er
 }
 
 // sessionForCreate returns the named session, opening it with the
-// configured defaults when the connection has none by that id. Its workspace
-// is the request's cwd, else the default workspace.
+// configured defaults when the connection has none by that id. It mounts
+// the connection's workspace, never the directory the peer names, and
+// commands run in the request's cwd by default.
 func (t *Terminals) sessionForCreate(ctx context.Context, sid, cwd string) (*sandbox.Session, error) {
 	t.mu.Lock()
 	_, ok := t.sessions[sid]
@@ -239,14 +240,12 @@ func (t *Terminals) sessionForCreate(ctx context.Context, sid, cwd string) (*san
 	if ok {
 		return t.session(ctx, sid)
 	}
-	ws := t.workspace
 	if cwd != "" {
-		ws = cwd
+		if err := t.checkWorkspace("cwd", cwd); err != nil {
+			return nil, err
+		}
 	}
-	if err := t.checkWorkspace("cwd", ws); err != nil {
-		return nil, err
-	}
-	return t.open(ctx, sid, sandbox.SessionSpec{ID: sid, Workspace: ws}, false)
+	return t.open(ctx, sid, sandbox.SessionSpec{ID: sid, Workspace: t.workspace, Dir: cwd}, false)
 }
 
 // checkWorkspace keeps a peer from mounting any host directory it names:
@@ -383,7 +382,7 @@ func (t *Terminals) openSession(ctx context.Context, params json.RawMessage) (an
 	if err := get(f, "sessionId", true, &spec.ID); err != nil {
 		return nil, err
 	}
-	if err := get(f, "cwd", true, &spec.Workspace); err != nil {
+	if err := get(f, "cwd", true, &spec.Dir); err != nil {
 		return nil, err
 	}
 	if err := get(f, "image", false, &spec.Image); err != nil {
@@ -415,7 +414,7 @@ func (t *Terminals) openSession(ctx context.Context, params json.RawMessage) (an
 			return nil, invalidParams("%s: %v", p.name, err)
 		}
 	}
-	if err := t.checkWorkspace("cwd", spec.Workspace); err != nil {
+	if err := t.checkWorkspace("cwd", spec.Dir); err != nil {
 		return nil, err
 	}
 	for i, d := range spec.ExtraDirs {
@@ -423,6 +422,9 @@ func (t *Terminals) openSession(ctx context.Context, params json.RawMessage) (an
 			return nil, err
 		}
 	}
+	// The connection's workspace holds them all, and is what is mounted:
+	// a directory the peer names is never a mount source.
+	spec.Workspace, spec.ExtraDirs = t.workspace, nil
 	t.mu.Lock()
 	_, exists := t.sessions[spec.ID]
 	t.mu.Unlock()
@@ -438,6 +440,7 @@ func (t *Terminals) openSession(ctx context.Context, params json.RawMessage) (an
 		SessionID: s.ID,
 		Container: s.ContainerID(),
 		Workspace: s.Workspace(),
+		Cwd:       s.Dir(),
 		User:      s.User(),
 		CPUs:      strconv.FormatFloat(l.CPUs, 'f', -1, 64),
 		Memory:    limits.FormatBytes(l.Memory),

@@ -27,6 +27,7 @@ type SessionOpenResponse struct {
 	SessionID string `json:"sessionId"`
 	Container string `json:"container"`
 	Workspace string `json:"workspace"`
+	Cwd       string `json:"cwd"`
 	User      string `json:"user"`
 	CPUs      string `json:"cpus"`
 	Memory    string `json:"memory"`

@@ -320,3 +320,52 @@ func TestReleaseEndsBackgroundLeftovers(t *testing.T) {
 		return ps == "0\n"
 	})
 }
+
+// TestSymlinkInWorkspaceReachesNoHostDirectory: the workspace is the
+// agent's to write, links included. A directory it names for a new session
+// (as cwd, or to _sandboxd/session/open) must not become a mount source,
+// or a link there would mount any host directory in the next container.
+func TestSymlinkInWorkspaceReachesNoHostDirectory(t *testing.T) {
+	ws := workspace(t)
+	outside := t.TempDir()
+	writeFile(t, filepath.Join(outside, "secret"), "host secret\n")
+	if err := os.Chmod(outside, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	srv := startServe(t, ws)
+	a := srv.agent()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// The agent makes the link from inside its first session.
+	link := filepath.Join(ws, "escape")
+	if out, st := sh(t, ctx, a, "first", "ln -s "+outside+" "+link+" && echo linked"); out != "linked\n" {
+		t.Fatalf("ln: %q (%s)", out, exitCode(st))
+	}
+	read := "cat secret 2>&1; cat " + link + "/secret 2>&1; grep -c " + outside + " /proc/self/mountinfo"
+	for _, sid := range []string{"second", "opened"} {
+		if sid == "opened" {
+			if _, err := a.CallExtension(ctx, "_sandboxd/session/open", map[string]any{"sessionId": sid, "cwd": ws, "additionalDirectories": []string{link}}); err != nil {
+				t.Fatalf("open: %v", err)
+			}
+		}
+		created, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: acpsdk.SessionId(sid), Command: "/bin/sh", Args: []string{"-c", read}, Cwd: ptr(link)})
+		if err != nil {
+			continue // the directory does not exist in the container: refused, fine
+		}
+		if _, err := a.WaitForTerminalExit(ctx, acpsdk.WaitForTerminalExitRequest{SessionId: acpsdk.SessionId(sid), TerminalId: created.TerminalId}); err != nil {
+			t.Fatal(err)
+		}
+		out, err := a.TerminalOutput(ctx, acpsdk.TerminalOutputRequest{SessionId: acpsdk.SessionId(sid), TerminalId: created.TerminalId})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(out.Output, "host secret") {
+			t.Errorf("session %s reads a host directory through a link in the workspace: %q", sid, out.Output)
+		}
+	}
+	// The file is still reachable where the link points inside the
+	// container: nowhere.
+	if out, _ := sh(t, ctx, a, "first", "cat "+link+"/secret 2>/dev/null; echo done"); out != "done\n" {
+		t.Errorf("the first session reads through the link: %q", out)
+	}
+}

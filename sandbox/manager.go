@@ -179,6 +179,7 @@ func (m *Manager) reserve(key string, spec SessionSpec) (*Session, int, error) {
 	if s := m.spare; s != nil && spareFits(s.spec, spec) {
 		m.spare = nil
 		s.key, s.ID = key, spec.ID
+		s.spec.Dir, _ = checkDir(spec)
 		m.sessions[key] = s
 		m.log.Info("session takes the spare container", "session", spec.ID, "container", s.contID[:12])
 		m.refillSpare()
@@ -192,6 +193,9 @@ func (m *Manager) reserve(key string, spec SessionSpec) (*Session, int, error) {
 // spareFits reports whether a session asking for want can have the spare
 // made with have: same workspace, nothing but the defaults otherwise.
 func spareFits(have, want SessionSpec) bool {
+	if _, err := checkDir(want); err != nil {
+		return false // a fresh start reports it
+	}
 	return filepath.Clean(want.Workspace) == have.Workspace && len(want.ExtraDirs) == 0 &&
 		(want.Image == "" || want.Image == have.Image) &&
 		(want.Network == "" || want.Network == have.Network) &&

@@ -32,7 +32,12 @@ type SessionSpec struct {
 	Workspace string
 	// ExtraDirs are further host directories mounted like the workspace.
 	ExtraDirs []string
-	Image     string
+	// Dir is where commands that name no directory run: at or below
+	// Workspace or ExtraDirs; empty means Workspace. Only mounted paths
+	// are the host's to resolve, so a directory a peer names goes here:
+	// as a mount source a symlink in it would reach anywhere on the host.
+	Dir   string
+	Image string
 	// Limits overrides the configured limits; zero fields keep them.
 	Limits  limits.Limits
 	Network string
@@ -96,6 +101,14 @@ func (s *Session) ContainerID() string { return s.contID }
 // Workspace returns the session's workspace directory.
 func (s *Session) Workspace() string { return s.spec.Workspace }
 
+// Dir returns where commands that name no directory run.
+func (s *Session) Dir() string {
+	if s.spec.Dir != "" {
+		return s.spec.Dir
+	}
+	return s.spec.Workspace
+}
+
 // User returns the uid:gid commands run as.
 func (s *Session) User() string { return s.user }
 
@@ -128,6 +141,11 @@ func ValidateSpec(cfg Config, hostCPUs int, spec SessionSpec) (SessionSpec, erro
 		}
 		spec.ExtraDirs[i] = filepath.Clean(d)
 	}
+	dir, err := checkDir(spec)
+	if err != nil {
+		return spec, err
+	}
+	spec.Dir = dir
 	if spec.Image == "" {
 		spec.Image = c.Image
 	} else if spec.Image != c.Image {
@@ -160,6 +178,26 @@ func ValidateSpec(cfg Config, hostCPUs int, spec SessionSpec) (SessionSpec, erro
 	}
 	spec.Limits = l
 	return spec, nil
+}
+
+// checkDir checks a spec's Dir against its mounts and returns it cleaned.
+func checkDir(spec SessionSpec) (string, error) {
+	if spec.Dir == "" {
+		return "", nil
+	}
+	if err := checkString("cwd", spec.Dir); err != nil {
+		return "", err
+	}
+	if !filepath.IsAbs(spec.Dir) {
+		return "", fmt.Errorf("%w: cwd: %q is not an absolute path", ErrInvalid, spec.Dir)
+	}
+	dir := filepath.Clean(spec.Dir)
+	for _, root := range append([]string{spec.Workspace}, spec.ExtraDirs...) {
+		if Within(filepath.Clean(root), dir) {
+			return dir, nil
+		}
+	}
+	return "", fmt.Errorf("%w: cwd: %q is outside the session's workspace %s", ErrInvalid, spec.Dir, spec.Workspace)
 }
 
 // sessionUser picks the uid:gid commands run as: the configured user, else

@@ -144,7 +144,7 @@ func (s *Session) validate(c Command) (cwd string, limit int, err error) {
 			return "", 0, err
 		}
 	}
-	cwd = s.spec.Workspace
+	cwd = s.Dir()
 	if c.Cwd != "" {
 		if err := checkString("cwd", c.Cwd); err != nil {
 			return "", 0, err
