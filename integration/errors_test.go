@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -163,4 +164,20 @@ func TestSessionOpenOverridesAndClose(t *testing.T) {
 	if rpcCode(err) != -32602 {
 		t.Errorf("after close, the session id opens anew with its cwd checked: err = %v", err)
 	}
+}
+
+// TestCloseWhileOpeningLeavesNoContainer closes sessions while the engine
+// is still creating their containers: none may outlive its session.
+func TestCloseWhileOpeningLeavesNoContainer(t *testing.T) {
+	ws := workspace(t)
+	srv := startServe(t, ws)
+	c := srv.raw()
+	for i := range 5 {
+		sid := fmt.Sprintf("brief-%d", i)
+		c.send(t, fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"_sandboxd/session/open","params":{"sessionId":%q,"cwd":%q}}`, 2*i+1, sid, ws))
+		c.send(t, fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"_sandboxd/session/close","params":{"sessionId":%q}}`, 2*i+2, sid))
+		c.recv(t)
+		c.recv(t)
+	}
+	eventually(t, "no containers", 30*time.Second, func() bool { return len(containersOf(t, srv.cmd.Process.Pid)) == 0 })
 }

@@ -243,6 +243,11 @@ func (s *Session) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// The engine goes on with a create or start whose caller gave up,
+	// and a container made that way would be nobody's: the session sees
+	// both through (a close meanwhile removes it).
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
 	created, err := m.cli.ContainerCreate(ctx, client.ContainerCreateOptions{
 		Config:     cfg,
 		HostConfig: hostCfg,
@@ -254,7 +259,20 @@ func (s *Session) start(ctx context.Context) error {
 		}
 		return fmt.Errorf("open session %s: create container: %w", s.ID, engineError(err))
 	}
-	s.contID = created.ID
+	s.mu.Lock()
+	closed := s.closed
+	if !closed {
+		s.contID = created.ID
+	}
+	s.mu.Unlock()
+	if closed {
+		// Closed while the engine created it: Close found nothing to
+		// remove, so this is the last chance to.
+		if _, err := m.cli.ContainerRemove(ctx, created.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true}); err != nil {
+			m.log.Warn("remove container of a session closed while it started", "session", s.ID, "container", created.ID[:12], "err", err)
+		}
+		return fmt.Errorf("open session %s: %w: closed while it started", s.ID, ErrNotFound)
+	}
 	if _, err := m.cli.ContainerStart(ctx, created.ID, client.ContainerStartOptions{}); err != nil {
 		s.removeContainer()
 		return fmt.Errorf("open session %s: start container: %w", s.ID, engineError(err))
@@ -414,15 +432,18 @@ func (s *Session) Close(ctx context.Context) error {
 }
 
 func (s *Session) removeContainer() error {
-	if s.contID == "" {
+	s.mu.Lock()
+	id := s.contID
+	s.mu.Unlock()
+	if id == "" {
 		return nil
 	}
 	// A caller's cancelled context must not leave the container behind.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.m.ctx), 30*time.Second)
 	defer cancel()
-	_, err := s.m.cli.ContainerRemove(ctx, s.contID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
+	_, err := s.m.cli.ContainerRemove(ctx, id, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
 	if err != nil && !isNotFound(err) {
-		return fmt.Errorf("close session %s: remove container %.12s: %w", s.ID, s.contID, err)
+		return fmt.Errorf("close session %s: remove container %.12s: %w", s.ID, id, err)
 	}
 	return nil
 }
