@@ -98,7 +98,7 @@ func (t *Terminals) Handle(ctx context.Context, method string, params json.RawMe
 	case MethodSessionClose:
 		res, err = t.closeSession(ctx, params)
 	default:
-		return nil, &jsonrpc2.Error{Code: CodeMethodNotFound, Message: "method not found: " + method}
+		return nil, &jsonrpc2.Error{Code: CodeMethodNotFound, Message: fmt.Sprintf("method not found: %.100s", method)}
 	}
 	if err != nil {
 		return nil, rpcError(ctx, err)

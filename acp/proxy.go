@@ -60,6 +60,7 @@ type Proxy struct {
 	// agentCalls are the agent's terminal requests in flight, by id, so a
 	// $/cancel_request for one of them stops it here.
 	agentCalls map[string]context.CancelFunc
+	limit      *requestLimiter
 	// specs are the sessions the proxy prepared, to start their container
 	// again when it failed to start or was closed for being idle.
 	specs map[string]sandbox.SessionSpec
@@ -104,6 +105,7 @@ func NewProxy(terms *Terminals, defaults sandbox.SessionSpec, editor, agent io.R
 		ctx:          context.Background(),
 		sessionCalls: make(map[string]sessionCall),
 		agentCalls:   make(map[string]context.CancelFunc),
+		limit:        newRequestLimiter(),
 		specs:        make(map[string]sandbox.SessionSpec),
 		textWatches:  make(map[toolCallKey]*watch),
 		metaWatches:  make(map[termKey]*watch),
@@ -413,6 +415,11 @@ type response struct {
 // answerTerminal answers a terminal request of the agent in the session's
 // container, in the background: wait_for_exit may take long.
 func (p *Proxy) answerTerminal(m message) {
+	release, err := p.limit.acquire(p.ctx, m.Method)
+	if err != nil {
+		p.replyToAgent(m, nil, err)
+		return
+	}
 	key := string(m.ID)
 	ctx, cancel := context.WithCancel(p.ctx)
 	p.mu.Lock()
@@ -423,30 +430,32 @@ func (p *Proxy) answerTerminal(m message) {
 		delete(p.agentCalls, key)
 		p.mu.Unlock()
 		cancel()
+		release()
 	}
 	started := p.background(func() {
 		defer done()
-		reply := response{JSONRPC: "2.0", ID: m.ID}
 		res, err := p.handleTerminal(ctx, m)
-		if err != nil {
-			var re *jsonrpc2.Error
-			if !errors.As(err, &re) {
-				re = &jsonrpc2.Error{Code: CodeInternal, Message: err.Error()}
-			}
-			reply.Error = re
-		} else {
-			reply.Result = res
-		}
-		b, err := marshal(reply)
-		if err == nil {
-			err = p.agent.WriteLine(b)
-		}
-		if err != nil {
-			p.log.Debug("reply to agent", "method", m.Method, "err", err)
-		}
+		p.replyToAgent(m, res, err)
 	})
 	if !started {
 		done()
+	}
+}
+
+// replyToAgent answers an agent's request with res, or with err.
+func (p *Proxy) replyToAgent(m message, res any, err error) {
+	reply := response{JSONRPC: "2.0", ID: m.ID}
+	if err != nil {
+		reply.Error = rpcError(p.ctx, err)
+	} else {
+		reply.Result = res
+	}
+	b, err := marshal(reply)
+	if err == nil {
+		err = p.agent.WriteLine(b)
+	}
+	if err != nil {
+		p.log.Debug("reply to agent", "method", m.Method, "err", err)
 	}
 }
 

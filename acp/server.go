@@ -163,6 +163,8 @@ type Dispatcher struct {
 	h   RequestHandler
 	log *slog.Logger
 
+	limit *requestLimiter
+
 	mu      sync.Mutex
 	pending map[string]context.CancelFunc
 	wg      sync.WaitGroup
@@ -170,7 +172,7 @@ type Dispatcher struct {
 
 // NewDispatcher wraps h.
 func NewDispatcher(h RequestHandler, log *slog.Logger) *Dispatcher {
-	return &Dispatcher{h: h, log: log, pending: make(map[string]context.CancelFunc)}
+	return &Dispatcher{h: h, log: log, pending: make(map[string]context.CancelFunc), limit: newRequestLimiter()}
 }
 
 // Handle implements jsonrpc2.Handler. It is called in message order, so a
@@ -183,6 +185,11 @@ func (d *Dispatcher) Handle(ctx context.Context, conn *jsonrpc2.Conn, req *jsonr
 	}
 	if req.Notif {
 		d.log.Debug("ignored notification", "method", req.Method)
+		return
+	}
+	release, err := d.limit.acquire(ctx, req.Method)
+	if err != nil {
+		d.replyError(ctx, conn, req, err)
 		return
 	}
 	key := req.ID.String()
@@ -198,6 +205,7 @@ func (d *Dispatcher) Handle(ctx context.Context, conn *jsonrpc2.Conn, req *jsonr
 			delete(d.pending, key)
 			d.mu.Unlock()
 			cancel()
+			release()
 		}()
 		var params json.RawMessage
 		if req.Params != nil {
@@ -205,19 +213,19 @@ func (d *Dispatcher) Handle(ctx context.Context, conn *jsonrpc2.Conn, req *jsonr
 		}
 		res, err := d.h.Handle(rctx, req.Method, params)
 		if err != nil {
-			var re *jsonrpc2.Error
-			if !errors.As(err, &re) {
-				re = &jsonrpc2.Error{Code: CodeInternal, Message: err.Error()}
-			}
-			if rerr := conn.ReplyWithError(ctx, req.ID, re); rerr != nil {
-				d.log.Debug("reply", "method", req.Method, "err", rerr)
-			}
+			d.replyError(ctx, conn, req, err)
 			return
 		}
 		if rerr := conn.Reply(ctx, req.ID, res); rerr != nil {
 			d.log.Debug("reply", "method", req.Method, "err", rerr)
 		}
 	}()
+}
+
+func (d *Dispatcher) replyError(ctx context.Context, conn *jsonrpc2.Conn, req *jsonrpc2.Request, err error) {
+	if rerr := conn.ReplyWithError(ctx, req.ID, rpcError(ctx, err)); rerr != nil {
+		d.log.Debug("reply", "method", req.Method, "err", rerr)
+	}
 }
 
 func (d *Dispatcher) cancel(req *jsonrpc2.Request) {

@@ -1,0 +1,58 @@
+package acp
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/sourcegraph/jsonrpc2"
+)
+
+const (
+	// outputSlots bounds the terminal/output replies of one connection
+	// built and waiting to be written at once: each can be as large as a
+	// terminal's buffer, several times over once encoded.
+	outputSlots = 2
+	// maxInFlight bounds the other requests of one connection waiting
+	// for their answer (most of them terminal/wait_for_exit).
+	maxInFlight = 1024
+)
+
+// requestLimiter bounds what one connection's requests hold in sandboxd's
+// memory, whatever the peer pipelines.
+type requestLimiter struct {
+	output chan struct{}
+
+	mu sync.Mutex
+	n  int
+}
+
+func newRequestLimiter() *requestLimiter {
+	return &requestLimiter{output: make(chan struct{}, outputSlots)}
+}
+
+// acquire takes a place for a request, to be given back with release once
+// its reply is written. For terminal/output it waits, and so holds up the
+// connection's reader: the peer's further requests wait in its own pipe.
+// For others it fails at once when too many are in flight.
+func (l *requestLimiter) acquire(ctx context.Context, method string) (release func(), err error) {
+	if method == MethodOutput {
+		select {
+		case l.output <- struct{}{}:
+			return func() { <-l.output }, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.n >= maxInFlight {
+		return nil, &jsonrpc2.Error{Code: CodeInternal, Message: fmt.Sprintf("%s: %d requests are waiting for their answer; wait for some", method, maxInFlight)}
+	}
+	l.n++
+	return func() {
+		l.mu.Lock()
+		l.n--
+		l.mu.Unlock()
+	}, nil
+}
