@@ -103,6 +103,44 @@ idle_timeout = "2s"
 	}
 }
 
+// TestOutputMemoryIsBounded: the output buffers of unreleased terminals
+// live in sandboxd's memory, so together they are bounded.
+func TestOutputMemoryIsBounded(t *testing.T) {
+	ws := workspace(t)
+	cfg := filepath.Join(t.TempDir(), "mem.toml")
+	writeFile(t, cfg, `
+[terminal]
+max_output_byte_limit = "1MiB"
+[server]
+max_output_memory = "2MiB"
+`)
+	srv := startServe(t, ws, "--config", cfg)
+	a := srv.agent()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var ids []string
+	for range 2 {
+		c, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: "one", Command: "sleep", Args: []string{"308"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, c.TerminalId)
+	}
+	_, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: "one", Command: "true"})
+	if rpcCode(err) != -32603 || !strings.Contains(rpcMessage(err), "server.max_output_memory") {
+		t.Errorf("a third 1 MiB buffer: err = %v, want -32603 naming server.max_output_memory", err)
+	}
+	if out, _ := runCmd(t, ctx, a, acpsdk.CreateTerminalRequest{SessionId: "one", Command: "echo", Args: []string{"x"}, OutputByteLimit: ptr(0)}); out.Output != "" {
+		t.Errorf("a terminal that keeps no output: %q", out.Output)
+	}
+	if _, err := a.ReleaseTerminal(ctx, acpsdk.ReleaseTerminalRequest{SessionId: "one", TerminalId: ids[0]}); err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := sh(t, ctx, a, "one", "echo freed"); out != "freed\n" {
+		t.Errorf("after release: %q", out)
+	}
+}
+
 func TestKilledSessionReportsSIGKILL(t *testing.T) {
 	ws := workspace(t)
 	srv := startServe(t, ws)

@@ -68,8 +68,9 @@ type TerminalConfig struct {
 
 // ServerConfig holds instance-wide settings.
 type ServerConfig struct {
-	MaxSessions Count    `toml:"max_sessions"`
-	IdleTimeout Duration `toml:"idle_timeout"`
+	MaxSessions     Count    `toml:"max_sessions"`
+	IdleTimeout     Duration `toml:"idle_timeout"`
+	MaxOutputMemory ByteSize `toml:"max_output_memory"`
 }
 
 // Limits returns the session's default resource limits.
@@ -321,6 +322,9 @@ func (c Config) validate(file, text string, hostCPUs int) error {
 	}
 	if t.MaxOutputByteLimit > 1<<30 {
 		return bad("terminal.max_output_byte_limit", "%s is above the 1GiB a terminal may hold", t.MaxOutputByteLimit)
+	}
+	if c.Server.MaxOutputMemory < t.MaxOutputByteLimit {
+		return bad("server.max_output_memory", "%s is below terminal.max_output_byte_limit %s", c.Server.MaxOutputMemory, t.MaxOutputByteLimit)
 	}
 	return nil
 }

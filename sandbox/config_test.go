@@ -35,6 +35,7 @@ func TestDefaultConfig(t *testing.T) {
 		{"kill grace", time.Duration(cfg.Terminal.KillGrace), 2 * time.Second},
 		{"max sessions", int(cfg.Server.MaxSessions), 16},
 		{"idle timeout", time.Duration(cfg.Server.IdleTimeout), 30 * time.Minute},
+		{"max output memory", int64(cfg.Server.MaxOutputMemory), int64(1 << 30)},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -79,6 +80,7 @@ func TestConfigOverridesAndErrors(t *testing.T) {
 		{name: "bad duration", text: "[terminal]\nkill_grace = 5\n", hostCPU: 2, wantErr: ":2: terminal.kill_grace"},
 		{name: "output limit above its max", text: "[terminal]\noutput_byte_limit = \"32MiB\"\n", hostCPU: 2, wantErr: ":2: terminal.output_byte_limit"},
 		{name: "zero sessions", text: "[server]\nmax_sessions = 0\n", hostCPU: 2, wantErr: ":2: server.max_sessions"},
+		{name: "output memory below one terminal's", text: "[server]\nmax_output_memory = \"8MiB\"\n", hostCPU: 2, wantErr: ":2: server.max_output_memory"},
 		{name: "wrong type", text: "[session]\nimage = 5\n", hostCPU: 2, wantErr: ":2: session.image"},
 		{name: "syntax error", text: "[session\n", hostCPU: 2, wantErr: ":2"},
 	}

@@ -50,6 +50,29 @@ type Manager struct {
 	// start; nil while none is ready.
 	spare     *Session
 	spareSpec *SessionSpec
+	// outputBytes is the sum of the byte limits of unreleased terminals'
+	// output buffers (server.max_output_memory bounds it).
+	outputBytes int64
+}
+
+// reserveOutput counts a new terminal's output buffer against
+// server.max_output_memory.
+func (m *Manager) reserveOutput(session string, n int) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	max := int64(m.cfg.Server.MaxOutputMemory)
+	if m.outputBytes+int64(n) > max {
+		return fmt.Errorf("session %s: %w: the output buffers of unreleased terminals would hold more than %s (server.max_output_memory); release some, or ask for a smaller outputByteLimit", session, ErrLimit, ByteSize(max))
+	}
+	m.outputBytes += int64(n)
+	return nil
+}
+
+// releaseOutput gives back what reserveOutput counted.
+func (m *Manager) releaseOutput(n int) {
+	m.mu.Lock()
+	m.outputBytes -= int64(n)
+	m.mu.Unlock()
 }
 
 // NewManager connects sandboxd to the engine: it takes an instance lock,

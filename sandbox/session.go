@@ -382,13 +382,9 @@ func (s *Session) Release(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	s.mu.Lock()
-	if s.terminals[id] != t {
-		s.mu.Unlock()
+	if !s.forgetTerminal(t) {
 		return fmt.Errorf("terminal %s: %w", id, ErrNotFound)
 	}
-	delete(s.terminals, id)
-	s.mu.Unlock()
 	if t.Exited() {
 		// Processes the command left running in the background are part
 		// of what release frees; nobody needs to wait for that.
@@ -411,11 +407,14 @@ func (s *Session) Close(ctx context.Context) error {
 			s.sweepTimer.Stop()
 		}
 		terms := make([]*Terminal, 0, len(s.terminals))
+		reserved := 0
 		for _, t := range s.terminals {
 			terms = append(terms, t)
+			reserved += t.reserved
 		}
 		s.terminals = map[string]*Terminal{}
 		s.mu.Unlock()
+		s.m.releaseOutput(reserved)
 		// Removing the container kills every process in it at once; no
 		// per-terminal kill is needed.
 		for _, t := range terms {

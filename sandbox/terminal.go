@@ -67,6 +67,10 @@ type Terminal struct {
 	out     *OutputBuffer
 	conn    client.HijackedResponse
 
+	// reserved is what the output buffer counts against
+	// server.max_output_memory until the terminal leaves its session.
+	reserved int
+
 	done   chan struct{} // closed once status is set
 	status ExitStatus
 
@@ -198,28 +202,46 @@ func (s *Session) Start(ctx context.Context, c Command) (*Terminal, error) {
 		return nil, err
 	}
 	id = "term_" + id
+	if err := s.m.reserveOutput(s.ID, limit); err != nil {
+		return nil, err
+	}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
+		s.m.releaseOutput(limit)
 		return nil, fmt.Errorf("session %s: %w", s.ID, ErrNotFound)
 	}
 	if max := int(s.m.cfg.Terminal.MaxTerminals); len(s.terminals) >= max {
 		s.mu.Unlock()
+		s.m.releaseOutput(limit)
 		return nil, fmt.Errorf("session %s: %w: %d terminals are open (terminal.max_terminals); release some", s.ID, ErrLimit, max)
 	}
-	t := &Terminal{ID: id, session: s, cmd: c, out: NewOutputBuffer(limit), done: make(chan struct{})}
+	t := &Terminal{ID: id, session: s, cmd: c, out: NewOutputBuffer(limit), done: make(chan struct{}), reserved: limit}
 	// Reserve the slot so concurrent creates respect the maximum.
 	s.terminals[id] = t
 	s.lastUsed = time.Now()
 	s.mu.Unlock()
 
 	if err := t.start(ctx, cwd); err != nil {
-		s.mu.Lock()
-		delete(s.terminals, id)
-		s.mu.Unlock()
+		s.forgetTerminal(t)
 		return nil, err
 	}
 	return t, nil
+}
+
+// forgetTerminal removes t from the session, once, and gives back its
+// output reservation; it reports whether t was there.
+func (s *Session) forgetTerminal(t *Terminal) bool {
+	s.mu.Lock()
+	there := s.terminals[t.ID] == t
+	if there {
+		delete(s.terminals, t.ID)
+	}
+	s.mu.Unlock()
+	if there {
+		s.m.releaseOutput(t.reserved)
+	}
+	return there
 }
 
 func (t *Terminal) start(ctx context.Context, cwd string) error {
