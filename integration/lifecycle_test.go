@@ -51,10 +51,31 @@ func TestReleasedTerminalsLeaveNoDescriptors(t *testing.T) {
 	})
 }
 
+// startServeWithConfig serves a fresh workspace with a configuration file
+// holding text.
+func startServeWithConfig(t *testing.T, text string) *server {
+	t.Helper()
+	cfg := filepath.Join(t.TempDir(), "sandbox.toml")
+	writeFile(t, cfg, text)
+	return startServe(t, workspace(t), "--config", cfg)
+}
+
+// sleepers starts n terminals that sleep in session and returns their ids.
+func sleepers(t *testing.T, ctx context.Context, a *acpsdk.AgentSideConnection, session string, n int) []string {
+	t.Helper()
+	var ids []string
+	for range n {
+		c, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: acpsdk.SessionId(session), Command: "sleep", Args: []string{"309"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, c.TerminalId)
+	}
+	return ids
+}
+
 func TestConfiguredMaximums(t *testing.T) {
-	ws := workspace(t)
-	cfg := filepath.Join(t.TempDir(), "max.toml")
-	writeFile(t, cfg, `
+	srv := startServeWithConfig(t, `
 [terminal]
 max_terminals = 2
 kill_grace = "1s"
@@ -62,18 +83,10 @@ kill_grace = "1s"
 max_sessions = 1
 idle_timeout = "2s"
 `)
-	srv := startServe(t, ws, "--config", cfg)
 	a := srv.agent()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	var ids []string
-	for range 2 {
-		c, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: "one", Command: "sleep", Args: []string{"309"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, c.TerminalId)
-	}
+	ids := sleepers(t, ctx, a, "one", 2)
 	_, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: "one", Command: "true"})
 	if err == nil || !strings.Contains(rpcMessage(err), "max_terminals") {
 		t.Errorf("third terminal: err = %v, want a refusal naming max_terminals", err)
@@ -106,26 +119,16 @@ idle_timeout = "2s"
 // TestOutputMemoryIsBounded: the output buffers of unreleased terminals
 // live in sandboxd's memory, so together they are bounded.
 func TestOutputMemoryIsBounded(t *testing.T) {
-	ws := workspace(t)
-	cfg := filepath.Join(t.TempDir(), "mem.toml")
-	writeFile(t, cfg, `
+	srv := startServeWithConfig(t, `
 [terminal]
 max_output_byte_limit = "1MiB"
 [server]
 max_output_memory = "2MiB"
 `)
-	srv := startServe(t, ws, "--config", cfg)
 	a := srv.agent()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	var ids []string
-	for range 2 {
-		c, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: "one", Command: "sleep", Args: []string{"308"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, c.TerminalId)
-	}
+	ids := sleepers(t, ctx, a, "one", 2)
 	_, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: "one", Command: "true"})
 	if rpcCode(err) != -32603 || !strings.Contains(rpcMessage(err), "server.max_output_memory") {
 		t.Errorf("a third 1 MiB buffer: err = %v, want -32603 naming server.max_output_memory", err)
