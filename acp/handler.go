@@ -61,14 +61,17 @@ type Terminals struct {
 	// the workspaces a peer may name.
 	workspace string
 
-	mu       sync.Mutex
-	sessions map[string]struct{}
+	mu sync.Mutex
+	// sessions are the connection's sessions, each with the spec to open
+	// it with again once the manager closed it for being idle (nil: as
+	// a new one, from the request that comes).
+	sessions map[string]*sandbox.SessionSpec
 }
 
 // NewTerminals returns the terminal service for one connection. scope must
 // be unique per connection; workspace is the default workspace.
 func NewTerminals(m *sandbox.Manager, scope, workspace string) *Terminals {
-	return &Terminals{m: m, scope: scope, workspace: workspace, sessions: make(map[string]struct{})}
+	return &Terminals{m: m, scope: scope, workspace: workspace, sessions: make(map[string]*sandbox.SessionSpec)}
 }
 
 // Manager returns the sandbox manager behind the service.
@@ -235,17 +238,25 @@ func (t *Terminals) create(ctx context.Context, params json.RawMessage) (any, er
 // commands run in the request's cwd by default.
 func (t *Terminals) sessionForCreate(ctx context.Context, sid, cwd string) (*sandbox.Session, error) {
 	t.mu.Lock()
-	_, ok := t.sessions[sid]
+	again, ok := t.sessions[sid]
 	t.mu.Unlock()
 	if ok {
-		return t.session(ctx, sid)
+		s, err := t.m.Get(ctx, t.key(sid))
+		if !errors.Is(err, sandbox.ErrNotFound) {
+			return s, err
+		}
+		// Closed for being idle, or its start failed: it opens again,
+		// the way it was opened.
+		if again != nil {
+			return t.open(ctx, sid, *again, again, false)
+		}
 	}
 	if cwd != "" {
 		if err := t.checkWorkspace("cwd", cwd); err != nil {
 			return nil, err
 		}
 	}
-	return t.open(ctx, sid, sandbox.SessionSpec{ID: sid, Workspace: t.workspace, Dir: cwd}, false)
+	return t.open(ctx, sid, sandbox.SessionSpec{ID: sid, Workspace: t.workspace, Dir: cwd}, nil, false)
 }
 
 // checkWorkspace keeps a peer from mounting any host directory it names:
@@ -260,9 +271,12 @@ func (t *Terminals) checkWorkspace(field, dir string) error {
 	return nil
 }
 
-func (t *Terminals) open(ctx context.Context, sid string, spec sandbox.SessionSpec, explicit bool) (*sandbox.Session, error) {
+// open opens session sid with spec; again is what it opens with again
+// once the manager closed it (nil: as a new one). An explicit open fails
+// when the session is open already.
+func (t *Terminals) open(ctx context.Context, sid string, spec sandbox.SessionSpec, again *sandbox.SessionSpec, explicit bool) (*sandbox.Session, error) {
 	t.mu.Lock()
-	t.sessions[sid] = struct{}{}
+	t.sessions[sid] = again
 	t.mu.Unlock()
 	var (
 		s   *sandbox.Session
@@ -290,7 +304,7 @@ func (t *Terminals) open(ctx context.Context, sid string, spec sandbox.SessionSp
 // connection at once: a command that comes first waits for the container.
 func (t *Terminals) Prepare(spec sandbox.SessionSpec) {
 	t.mu.Lock()
-	t.sessions[spec.ID] = struct{}{}
+	t.sessions[spec.ID] = &spec
 	t.mu.Unlock()
 	t.m.OpenAsync(t.key(spec.ID), spec)
 }
@@ -314,7 +328,7 @@ func (t *Terminals) SessionFor(ctx context.Context, dir string) (*sandbox.Sessio
 	if err := t.checkWorkspace("cwd", dir); err != nil {
 		return nil, err
 	}
-	return t.open(ctx, "ahp", sandbox.SessionSpec{ID: "ahp", Workspace: t.workspace}, false)
+	return t.open(ctx, "ahp", sandbox.SessionSpec{ID: "ahp", Workspace: t.workspace}, nil, false)
 }
 
 // Session returns the connection's open session with the given id.
@@ -429,9 +443,11 @@ func (t *Terminals) openSession(ctx context.Context, params json.RawMessage) (an
 	_, exists := t.sessions[spec.ID]
 	t.mu.Unlock()
 	if exists {
-		return nil, invalidParams("sessionId: session %q is already open", spec.ID)
+		if _, err := t.m.Get(ctx, t.key(spec.ID)); !errors.Is(err, sandbox.ErrNotFound) {
+			return nil, invalidParams("sessionId: session %q is already open", spec.ID)
+		}
 	}
-	s, err := t.open(ctx, spec.ID, spec, true)
+	s, err := t.open(ctx, spec.ID, spec, &spec, true)
 	if err != nil {
 		return nil, err
 	}

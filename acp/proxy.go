@@ -61,8 +61,8 @@ type Proxy struct {
 	// $/cancel_request for one of them stops it here.
 	agentCalls map[string]context.CancelFunc
 	limit      *requestLimiter
-	// specs are the sessions the proxy prepared, to start their container
-	// again when it failed to start or was closed for being idle.
+	// specs are the sessions the proxy prepared, by id, for the cwd a
+	// tool call shows for a terminal that names none.
 	specs map[string]sandbox.SessionSpec
 	// editorMeta is true when the editor renders terminals from the
 	// terminal_info/terminal_output/terminal_exit _meta of tool calls.
@@ -434,7 +434,7 @@ func (p *Proxy) answerTerminal(m message) {
 	}
 	started := p.background(func() {
 		defer done()
-		res, err := p.handleTerminal(ctx, m)
+		res, err := p.terms.Handle(ctx, m.Method, m.Params)
 		p.replyToAgent(m, res, err)
 	})
 	if !started {
@@ -457,42 +457,6 @@ func (p *Proxy) replyToAgent(m message, res any, err error) {
 	if err != nil {
 		p.log.Debug("reply to agent", "method", m.Method, "err", err)
 	}
-}
-
-func (p *Proxy) handleTerminal(ctx context.Context, m message) (any, error) {
-	if m.Method == MethodCreate {
-		if err := p.ensureSession(ctx, m.Params); err != nil {
-			return nil, rpcError(ctx, err)
-		}
-	}
-	return p.terms.Handle(ctx, m.Method, m.Params)
-}
-
-// ensureSession starts the container of a session the proxy prepared again
-// when it is gone: its start failed (the agent then learns why), or the
-// manager closed it for being idle while the person was away.
-func (p *Proxy) ensureSession(ctx context.Context, params json.RawMessage) error {
-	var req struct {
-		SessionID string `json:"sessionId"`
-	}
-	if json.Unmarshal(params, &req) != nil {
-		return nil // Handle names the bad field
-	}
-	p.mu.Lock()
-	spec, ok := p.specs[req.SessionID]
-	p.mu.Unlock()
-	if !ok {
-		return nil
-	}
-	_, err := p.terms.m.Get(ctx, p.terms.key(req.SessionID))
-	if err == nil || ctx.Err() != nil {
-		return nil
-	}
-	p.log.Info("starting the session's container again", "session", req.SessionID, "why", err)
-	if _, err := p.terms.open(ctx, req.SessionID, spec, false); err != nil {
-		return fmt.Errorf("start the container of session %s: %w", req.SessionID, err)
-	}
-	return nil
 }
 
 func (p *Proxy) cancelAgentCall(params json.RawMessage) bool {

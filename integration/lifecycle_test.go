@@ -51,13 +51,12 @@ func TestReleasedTerminalsLeaveNoDescriptors(t *testing.T) {
 	})
 }
 
-// startServeWithConfig serves a fresh workspace with a configuration file
-// holding text.
-func startServeWithConfig(t *testing.T, text string) *server {
+// startServeWithConfig serves ws with a configuration file holding text.
+func startServeWithConfig(t *testing.T, ws, text string) *server {
 	t.Helper()
 	cfg := filepath.Join(t.TempDir(), "sandbox.toml")
 	writeFile(t, cfg, text)
-	return startServe(t, workspace(t), "--config", cfg)
+	return startServe(t, ws, "--config", cfg)
 }
 
 // sleepers starts n terminals that sleep in session and returns their ids.
@@ -75,7 +74,8 @@ func sleepers(t *testing.T, ctx context.Context, a *acpsdk.AgentSideConnection, 
 }
 
 func TestConfiguredMaximums(t *testing.T) {
-	srv := startServeWithConfig(t, `
+	ws := workspace(t)
+	srv := startServeWithConfig(t, ws, `
 [terminal]
 max_terminals = 2
 kill_grace = "1s"
@@ -114,12 +114,30 @@ idle_timeout = "2s"
 	if rpcCode(err) != -32002 {
 		t.Errorf("after idle close: err = %v, want -32002", err)
 	}
+	// The session's id is not spent: the next command opens it again,
+	// and an explicitly opened session comes back as it was opened.
+	if out, _ := sh(t, ctx, a, "one", "echo again"); out != "again\n" {
+		t.Errorf("after idle close, a new command: %q", out)
+	}
+	if _, err := a.CallExtension(ctx, "_sandboxd/session/close", map[string]any{"sessionId": "one"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.CallExtension(ctx, "_sandboxd/session/open", map[string]any{"sessionId": "tuned", "cwd": ws, "pids": 64}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "idle session closed", 30*time.Second, func() bool {
+		return len(containersOf(t, srv.cmd.Process.Pid)) == 0
+	})
+	if out, _ := sh(t, ctx, a, "tuned", "cat /sys/fs/cgroup/pids/pids.max"); out != "64\n" {
+		t.Errorf("an opened session after idle close: pids.max %q, want its 64", out)
+	}
 }
 
 // TestOutputMemoryIsBounded: the output buffers of unreleased terminals
 // live in sandboxd's memory, so together they are bounded.
 func TestOutputMemoryIsBounded(t *testing.T) {
-	srv := startServeWithConfig(t, `
+	ws := workspace(t)
+	srv := startServeWithConfig(t, ws, `
 [terminal]
 max_output_byte_limit = "1MiB"
 [server]
