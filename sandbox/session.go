@@ -393,6 +393,8 @@ func (s *Session) Release(ctx context.Context, id string) error {
 	err = t.Kill(ctx)
 	t.close()
 	if err != nil {
+		// Its id is gone: the sweep is what is left to kill it with.
+		s.sweepLater(id)
 		return fmt.Errorf("release terminal %s: %w", id, err)
 	}
 	return nil

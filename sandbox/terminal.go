@@ -75,8 +75,8 @@ type Terminal struct {
 	status ExitStatus
 
 	mu   sync.Mutex
-	sent uint64        // bit n set once sandboxd sent signal n
-	kill chan struct{} // closed when a kill has finished
+	sent uint64   // bit n set once sandboxd sent signal n
+	kill *killing // the kill in progress or done, nil after one failed
 }
 
 const shellChars = " \t\n|&;<>()$`\\\"'*?[]#~=%{}!"
@@ -437,20 +437,37 @@ func (t *Terminal) Kill(ctx context.Context) error {
 		return nil
 	}
 	t.mu.Lock()
-	if t.kill != nil {
-		ch := t.kill
+	if k := t.kill; k != nil {
 		t.mu.Unlock()
 		select {
-		case <-ch:
-			return nil
+		case <-k.done:
+			return k.err
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
-	t.kill = make(chan struct{})
+	k := &killing{done: make(chan struct{})}
+	t.kill = k
 	t.mu.Unlock()
-	defer close(t.kill)
+	err := t.killOnce(ctx)
+	k.err = err
+	if err != nil {
+		// The next kill tries again rather than take this one's word.
+		t.mu.Lock()
+		t.kill = nil
+		t.mu.Unlock()
+	}
+	close(k.done)
+	return err
+}
 
+// killing is a kill in progress, which concurrent kills wait for.
+type killing struct {
+	done chan struct{}
+	err  error // set before done is closed
+}
+
+func (t *Terminal) killOnce(ctx context.Context) error {
 	// The kill must finish even if the caller gives up: a half-killed
 	// command is worse than a slow reply.
 	kctx := context.WithoutCancel(ctx)
