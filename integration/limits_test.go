@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -248,4 +249,32 @@ func TestRunPassesExitCodeAndOutput(t *testing.T) {
 			assertNoContainers(t, cmd.Process.Pid)
 		})
 	}
+}
+
+// TestRunIntoAClosedPipe: `sandboxd run ... | head -1` closes sandboxd's
+// stdout early; sandboxd must still see the command out and remove its
+// container, not die of SIGPIPE.
+func TestRunIntoAClosedPipe(t *testing.T) {
+	ws := workspace(t)
+	cmd := exec.Command(testEnv.bin, "run", "--config", testEnv.config, "--", "sh", "-c", "seq 1 1000000; echo done >&2")
+	cmd.Dir = ws
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	first := make([]byte, 2)
+	if _, err := io.ReadFull(out, first); err != nil || string(first) != "1\n" {
+		t.Fatalf("first line %q: %v", first, err)
+	}
+	out.Close()
+	cmd.Wait()
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		t.Errorf("sandboxd died of %v; stderr %q", ws.Signal(), stderr.String())
+	}
+	assertNoContainers(t, cmd.Process.Pid)
 }

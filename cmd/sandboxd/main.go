@@ -52,6 +52,10 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	// A write to a peer or pipe that went away must fail, not kill
+	// sandboxd before it removed its containers. Notify rather than
+	// Ignore: an ignored SIGPIPE would be inherited by what it starts.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	var err error
 	code := 0
 	switch args[0] {

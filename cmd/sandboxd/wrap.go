@@ -8,9 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"os/signal"
 	"runtime"
-	"syscall"
 	"time"
 
 	"github.com/sandboxd/sandboxd/acp"
@@ -50,10 +48,6 @@ func cmdWrap(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	// the read; two spare Ps keep that path short (measured: 1.5x direct
 	// latency down to 1.4x).
 	runtime.GOMAXPROCS(runtime.GOMAXPROCS(0) + 2)
-	// A write to an editor that went away must fail, not kill sandboxd
-	// before it removed the containers. Notify rather than Ignore: an
-	// ignored SIGPIPE would be inherited by the agent.
-	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	log, closeLog, err := c.logger(stderr)
 	if err != nil {
 		return 0, err
