@@ -49,6 +49,24 @@ func TestReleasedTerminalsLeaveNoDescriptors(t *testing.T) {
 	eventually(t, "descriptors back to the baseline", 30*time.Second, func() bool {
 		return fdCount(t, srv.cmd.Process.Pid) <= before+4
 	})
+	// Nor do finished terminals that are not released (yet): their
+	// output stays, their connection goes.
+	ids = ids[:0]
+	for range 20 {
+		c, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: "fds", Command: "true"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, c.TerminalId)
+	}
+	for _, id := range ids {
+		if _, err := a.WaitForTerminalExit(ctx, acpsdk.WaitForTerminalExitRequest{SessionId: "fds", TerminalId: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "descriptors of finished terminals closed", 30*time.Second, func() bool {
+		return fdCount(t, srv.cmd.Process.Pid) <= before+4
+	})
 }
 
 // startServeWithConfig serves ws with a configuration file holding text.

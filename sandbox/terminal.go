@@ -77,6 +77,9 @@ type Terminal struct {
 	mu   sync.Mutex
 	sent uint64   // bit n set once sandboxd sent signal n
 	kill *killing // the kill in progress or done, nil after one failed
+	// closed is set once the connection is closed, or is to be as soon
+	// as start has it.
+	closed bool
 }
 
 const shellChars = " \t\n|&;<>()$`\\\"'*?[]#~=%{}!"
@@ -247,6 +250,11 @@ func (s *Session) forgetTerminal(t *Terminal) bool {
 func (t *Terminal) start(ctx context.Context, cwd string) error {
 	s := t.session
 	cli := s.m.cli
+	// The engine goes on with an exec whose caller gave up, and a process
+	// started that way would be nobody's: the terminal sees both calls
+	// through.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
 	env := make([]string, 0, len(t.cmd.Env)+1)
 	for _, e := range t.cmd.Env {
 		env = append(env, e.Name+"="+e.Value)
@@ -275,7 +283,14 @@ func (t *Terminal) start(ctx context.Context, cwd string) error {
 	if err != nil {
 		return fmt.Errorf("start terminal %s: %w", t.ID, engineError(err))
 	}
+	t.mu.Lock()
+	closed := t.closed
 	t.conn = att.HijackedResponse
+	t.mu.Unlock()
+	if closed {
+		// The session closed meanwhile, and with it the container.
+		att.Close()
+	}
 	if t.cmd.TTY && t.cmd.Cols > 0 && t.cmd.Rows > 0 {
 		// API 1.41 ignores ConsoleSize, so size the PTY explicitly.
 		if err := t.Resize(ctx, t.cmd.Cols, t.cmd.Rows); err != nil {
@@ -300,6 +315,9 @@ func (t *Terminal) collect() {
 	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrClosedPipe) {
 		s.m.log.Debug("terminal stream", "terminal", t.ID, "err", err)
 	}
+	// The command is done with its streams; a terminal kept unreleased
+	// must not keep a connection to the engine.
+	t.close()
 	code, err := waitExec(s.m.ctx, s.m.cli, t.execID)
 	if err != nil {
 		if t.wasSent(syscall.SIGKILL) {
@@ -565,7 +583,11 @@ func (t *Terminal) TryInput(p []byte) (int, error) {
 // close frees the terminal's connection. The output stays readable to
 // whoever still holds the terminal.
 func (t *Terminal) close() {
-	if t.conn.Conn != nil {
-		t.conn.Close()
+	t.mu.Lock()
+	conn, was := t.conn, t.closed
+	t.closed = true
+	t.mu.Unlock()
+	if !was && conn.Conn != nil {
+		conn.Close()
 	}
 }
