@@ -402,6 +402,9 @@ func (t *Terminals) openSession(ctx context.Context, params json.RawMessage) (an
 	if err := get(f, "image", false, &spec.Image); err != nil {
 		return nil, err
 	}
+	if c := t.m.Config().Session; spec.Image != "" && spec.Image != c.Image && !slices.Contains(c.Images, spec.Image) {
+		return nil, invalidParams("image: %.200q is neither session.image nor one of session.images", spec.Image)
+	}
 	if err := get(f, "network", false, &spec.Network); err != nil {
 		return nil, err
 	}

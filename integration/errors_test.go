@@ -59,6 +59,7 @@ func TestBadRequestsLeaveOthersAlone(t *testing.T) {
 		{"open with nonsense cpus", "_sandboxd/session/open", map[string]any{"sessionId": "x", "cwd": ws, "cpus": "lots"}, -32602, "cpus"},
 		{"open with too few pids", "_sandboxd/session/open", map[string]any{"sessionId": "x", "cwd": ws, "pids": 2}, -32602, "pids"},
 		{"open with host network", "_sandboxd/session/open", map[string]any{"sessionId": "x", "cwd": ws, "network": "host"}, -32602, "network"},
+		{"open with an image not allowed", "_sandboxd/session/open", map[string]any{"sessionId": "x", "cwd": ws, "image": "sandboxd/base:secrets"}, -32602, "session.images"},
 		{"open an open session", "_sandboxd/session/open", map[string]any{"sessionId": "good", "cwd": ws}, -32602, "good"},
 		{"close unknown session", "_sandboxd/session/close", map[string]any{"sessionId": "nope"}, -32002, "nope"},
 	}

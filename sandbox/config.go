@@ -26,6 +26,7 @@ type Config struct {
 // SessionConfig describes the container every session gets.
 type SessionConfig struct {
 	Image           string    `toml:"image"`
+	Images          []string  `toml:"images"`
 	CPUs            CPUs      `toml:"cpus"`
 	Memory          ByteSize  `toml:"memory"`
 	Pids            Pids      `toml:"pids"`
