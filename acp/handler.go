@@ -178,11 +178,10 @@ func (t *Terminals) create(ctx context.Context, params json.RawMessage) (any, er
 		return nil, err
 	}
 	var (
-		sid     string
-		cmd     sandbox.Command
-		rawEnv  []json.RawMessage
-		cwd     string
-		outputN int64
+		sid    string
+		cmd    sandbox.Command
+		rawEnv []json.RawMessage
+		cwd    string
 	)
 	if err := get(f, "sessionId", true, &sid); err != nil {
 		return nil, err
@@ -214,11 +213,13 @@ func (t *Terminals) create(ctx context.Context, params json.RawMessage) (any, er
 		return nil, err
 	}
 	cmd.Cwd = cwd
-	if f.present("outputByteLimit") {
-		if err := get(f, "outputByteLimit", false, &outputN); err != nil {
-			return nil, err
-		}
-		cmd.OutputLimit = &outputN
+	// The schema has a value that does not decode as a uint64 taken as
+	// absent (x-deserialize-default-on-error); one above what sandboxd
+	// keeps for a terminal is held to that, and truncated reports it.
+	var limit uint64
+	if f.present("outputByteLimit") && get(f, "outputByteLimit", false, &limit) == nil {
+		n := int64(min(limit, uint64(t.m.Config().Terminal.MaxOutputByteLimit)))
+		cmd.OutputLimit = &n
 	}
 
 	s, err := t.sessionForCreate(ctx, sid, cwd)

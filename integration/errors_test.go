@@ -48,9 +48,6 @@ func TestBadRequestsLeaveOthersAlone(t *testing.T) {
 		{"env name with =", "terminal/create", map[string]any{"sessionId": "good", "command": "true", "env": []map[string]string{{"name": "A=B", "value": "x"}}}, -32602, "env[0].name"},
 		{"env without value", "terminal/create", map[string]any{"sessionId": "good", "command": "true", "env": []map[string]string{{"name": "A"}}}, -32602, "env[0].value"},
 		{"reserved env name", "terminal/create", map[string]any{"sessionId": "good", "command": "true", "env": []map[string]string{{"name": "SANDBOXD_TERMINAL", "value": "x"}}}, -32602, "env[0].name"},
-		{"outputByteLimit above maximum", "terminal/create", map[string]any{"sessionId": "good", "command": "true", "outputByteLimit": 1 << 40}, -32602, "outputByteLimit"},
-		{"negative outputByteLimit", "terminal/create", map[string]any{"sessionId": "good", "command": "true", "outputByteLimit": -1}, -32602, "outputByteLimit"},
-		{"fractional outputByteLimit", "terminal/create", map[string]any{"sessionId": "good", "command": "true", "outputByteLimit": 1.5}, -32602, "outputByteLimit"},
 		{"huge argument", "terminal/create", map[string]any{"sessionId": "good", "command": "true", "args": []string{strings.Repeat("x", 8<<20)}}, -32602, "args[0]"},
 		{"unknown method", "terminal/frobnicate", map[string]any{}, -32601, "terminal/frobnicate"},
 		{"open without cwd", "_sandboxd/session/open", map[string]any{"sessionId": "x"}, -32602, "cwd"},
@@ -181,4 +178,51 @@ func TestCloseWhileOpeningLeavesNoContainer(t *testing.T) {
 		c.recv(t)
 	}
 	eventually(t, "no containers", 30*time.Second, func() bool { return len(containersOf(t, srv.cmd.Process.Pid)) == 0 })
+}
+
+// TestOutputByteLimitOutOfRange: the schema takes a value that does not
+// decode as a uint64 as absent (x-deserialize-default-on-error), and
+// sandboxd holds a larger one to terminal.max_output_byte_limit (4 MiB in
+// the test configuration), reporting the cut as truncation.
+func TestOutputByteLimitOutOfRange(t *testing.T) {
+	ws := workspace(t)
+	srv := startServe(t, ws)
+	c := srv.raw()
+	const printed = 5_000_000
+	for i, tc := range []struct {
+		name, limit string
+		kept        int
+	}{
+		{"above the maximum", "1099511627776", 4 << 20},
+		{"above int64", "18446744073709551615", 4 << 20},
+		{"negative", "-1", 1 << 20},
+		{"fractional", "1.5", 1 << 20},
+		{"a string", `"lots"`, 1 << 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			id := 3 * i
+			c.send(t, fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"terminal/create","params":{"sessionId":"s","command":"head -c %d /dev/zero | tr '\\0' x","outputByteLimit":%s}}`, id+1, printed, tc.limit))
+			r := c.recv(t)
+			var created struct {
+				TerminalID string `json:"terminalId"`
+			}
+			if r.Error != nil || jsonUnmarshal(r.Result, &created) != nil {
+				t.Fatalf("create: %+v %s", r.Error, r.Result)
+			}
+			if r := c.call(t, id+2, "terminal/wait_for_exit", map[string]any{"sessionId": "s", "terminalId": created.TerminalID}); r.Error != nil {
+				t.Fatalf("wait: %+v", r.Error)
+			}
+			r = c.call(t, id+3, "terminal/output", map[string]any{"sessionId": "s", "terminalId": created.TerminalID})
+			var out struct {
+				Output    string `json:"output"`
+				Truncated bool   `json:"truncated"`
+			}
+			if r.Error != nil || jsonUnmarshal(r.Result, &out) != nil {
+				t.Fatalf("output: %+v", r.Error)
+			}
+			if len(out.Output) != tc.kept || !out.Truncated {
+				t.Errorf("kept %d bytes (truncated %v), want %d (truncated)", len(out.Output), out.Truncated, tc.kept)
+			}
+		})
+	}
 }
