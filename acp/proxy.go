@@ -187,6 +187,7 @@ func (p *Proxy) next(s *LineStream, side string, closed error) ([]byte, error) {
 		line, err := s.readRaw()
 		if errors.Is(err, errTooLong) {
 			p.log.Warn("dropped an over-long message from the " + side)
+			p.answerTooLong(s, headOf(err))
 			continue
 		}
 		if err != nil {
@@ -196,6 +197,30 @@ func (p *Proxy) next(s *LineStream, side string, closed error) ([]byte, error) {
 			return nil, closed
 		}
 		return line, nil
+	}
+}
+
+// answerTooLong answers for a message from s that was too long to relay,
+// so that nobody waits for an answer that will not come: a request gets
+// an error back, a response reaches the side that asked as an error.
+func (p *Proxy) answerTooLong(s *LineStream, head []byte) {
+	id, isRequest, isResponse := peekHead(head)
+	if len(id) == 0 || string(id) == "null" || isRequest == isResponse {
+		return
+	}
+	to, code, msg := s, int64(CodeInvalidRequest), fmt.Sprintf("message longer than %d bytes", MaxMessageSize)
+	if isResponse {
+		to, code, msg = p.editor, CodeInternal, fmt.Sprintf("the agent's answer was longer than %d bytes", MaxMessageSize)
+		if s == p.editor {
+			to, msg = p.agent, fmt.Sprintf("the editor's answer was longer than %d bytes", MaxMessageSize)
+		}
+	}
+	b, err := marshal(response{JSONRPC: "2.0", ID: id, Error: &jsonrpc2.Error{Code: code, Message: msg}})
+	if err == nil {
+		err = to.WriteLine(b)
+	}
+	if err != nil {
+		p.log.Debug("answer for an over-long message", "err", err)
 	}
 }
 

@@ -288,3 +288,43 @@ func TestWrapReadRaw(t *testing.T) {
 		t.Errorf("at the end: %v, want EOF", err)
 	}
 }
+
+func TestPeekHead(t *testing.T) {
+	for _, tc := range []struct {
+		head              string
+		id                string
+		request, response bool
+	}{
+		{`{"jsonrpc":"2.0","id":7,"method":"x","params":{"a":"aaa`, "7", true, false},
+		{`{"jsonrpc":"2.0","method":"x","id":"s","params":[1,2`, `"s"`, true, false},
+		{`{"id":3,"result":{"output":"aaaa`, "3", false, true},
+		{`{"jsonrpc":"2.0","result":{"a":"b"},"id":4}`, "4", false, true},
+		{`{"jsonrpc":"2.0","params":{"a":"aaaa`, "", false, false},
+		{`not json`, "", false, false},
+	} {
+		id, req, res := peekHead([]byte(tc.head))
+		if string(id) != tc.id || req != tc.request || res != tc.response {
+			t.Errorf("peekHead(%q) = %s %v %v, want %s %v %v", tc.head, id, req, res, tc.id, tc.request, tc.response)
+		}
+	}
+}
+
+// TestWrapProxyAnswersForOverlongMessages: a message too long to relay
+// must not leave anyone waiting: a request is answered with an error, a
+// response reaches the side that asked as an error.
+func TestWrapProxyAnswersForOverlongMessages(t *testing.T) {
+	pp := startProxy(t)
+	huge := strings.Repeat("a", MaxMessageSize)
+	go io.WriteString(pp.toProxyFromAgent, `{"jsonrpc":"2.0","id":41,"method":"fs/read_text_file","params":{"path":"`+huge+`"}}`+"\n")
+	if got := recv(t, pp.agent); !strings.Contains(got, `"id":41`) || !strings.Contains(got, `-32600`) {
+		t.Errorf("agent got %q, want an error for its request 41", got)
+	}
+	go io.WriteString(pp.toProxyFromAgent, `{"jsonrpc":"2.0","id":"e-7","result":{"content":"`+huge+`"}}`+"\n")
+	if got := recv(t, pp.editor); !strings.Contains(got, `"id":"e-7"`) || !strings.Contains(got, `-32603`) {
+		t.Errorf("editor got %q, want an error for its request e-7", got)
+	}
+	go io.WriteString(pp.toProxyFromEditor, `{"jsonrpc":"2.0","id":9,"method":"session/prompt","params":{"prompt":"`+huge+`"}}`+"\n")
+	if got := recv(t, pp.editor); !strings.Contains(got, `"id":9`) || !strings.Contains(got, `-32600`) {
+		t.Errorf("editor got %q, want an error for its request 9", got)
+	}
+}

@@ -16,7 +16,10 @@ func (s *LineStream) readRaw() ([]byte, error) {
 	for {
 		line, err := s.r.ReadSlice('\n')
 		if errors.Is(err, bufio.ErrBufferFull) {
-			line, err = s.readLong(line)
+			line, err = readRest(s.r, line, MaxMessageSize)
+			if errors.Is(err, io.EOF) && len(line) > 0 {
+				err = nil
+			}
 		}
 		if errors.Is(err, errTooLong) {
 			return nil, err
@@ -29,29 +32,6 @@ func (s *LineStream) readRaw() ([]byte, error) {
 		}
 		if err != nil {
 			return nil, err
-		}
-	}
-}
-
-// readLong reads the rest of a line longer than the read buffer into a
-// copy.
-func (s *LineStream) readLong(head []byte) ([]byte, error) {
-	line := append([]byte(nil), head...)
-	for {
-		chunk, err := s.r.ReadSlice('\n')
-		if len(line)+len(chunk) > MaxMessageSize {
-			// Skip the rest of the line so the next message still parses.
-			for errors.Is(err, bufio.ErrBufferFull) {
-				_, err = s.r.ReadSlice('\n')
-			}
-			return nil, errTooLong
-		}
-		line = append(line, chunk...)
-		if !errors.Is(err, bufio.ErrBufferFull) {
-			if errors.Is(err, io.EOF) && len(line) > 0 {
-				err = nil
-			}
-			return line, err
 		}
 	}
 }

@@ -66,7 +66,7 @@ func (s *LineStream) ReadLine() ([]byte, error) {
 	for {
 		line, err := readLine(s.r, MaxMessageSize)
 		if errors.Is(err, errTooLong) {
-			return nil, errTooLong
+			return nil, err
 		}
 		if len(bytes.TrimSpace(line)) > 0 {
 			return line, nil
@@ -79,23 +79,84 @@ func (s *LineStream) ReadLine() ([]byte, error) {
 
 var errTooLong = errors.New("message longer than the maximum")
 
+// tooLong is errTooLong with the start of the line, where the message's id
+// usually is, so that its sender can be answered.
+type tooLong struct{ head []byte }
+
+func (e *tooLong) Error() string        { return errTooLong.Error() }
+func (e *tooLong) Is(target error) bool { return target == errTooLong }
+
+// headOf returns the start of the line an error from a read was about, if
+// it was one too long.
+func headOf(err error) []byte {
+	var tl *tooLong
+	if errors.As(err, &tl) {
+		return tl.head
+	}
+	return nil
+}
+
 func readLine(r *bufio.Reader, limit int) ([]byte, error) {
-	var line []byte
+	line, err := readRest(r, nil, limit)
+	return bytes.TrimRight(line, "\r\n"), err
+}
+
+// readRest reads a line whose start, head, was read already, into a copy.
+// Beyond limit bytes it skips the rest of the line, so the next message
+// still parses, and returns a *tooLong.
+func readRest(r *bufio.Reader, head []byte, limit int) ([]byte, error) {
+	line := append([]byte(nil), head...)
 	for {
 		chunk, err := r.ReadSlice('\n')
 		if len(line)+len(chunk) > limit {
-			// Skip the rest of the line so the next message still parses.
+			start := append(line[:len(line):len(line)], chunk...)
+			e := &tooLong{head: bytes.Clone(start[:min(len(start), 4096)])}
 			for errors.Is(err, bufio.ErrBufferFull) {
 				_, err = r.ReadSlice('\n')
 			}
-			return nil, errTooLong
+			return nil, e
 		}
 		line = append(line, chunk...)
-		if errors.Is(err, bufio.ErrBufferFull) {
-			continue
+		if !errors.Is(err, bufio.ErrBufferFull) {
+			return line, err
 		}
-		return bytes.TrimRight(line, "\r\n"), err
 	}
+}
+
+// peekHead reads what it can of a message's members from the start of it:
+// its id, and whether it is a request (a method) or a response (a result
+// or an error). The rest may be cut off anywhere.
+func peekHead(head []byte) (id json.RawMessage, request, response bool) {
+	dec := json.NewDecoder(bytes.NewReader(head))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, false, false
+	}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			break
+		}
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			// Cut off inside this member's value: its name still tells.
+			switch tok {
+			case "method":
+				request = true
+			case "result", "error":
+				response = true
+			}
+			break
+		}
+		switch tok {
+		case "id":
+			id = v
+		case "method":
+			request = true
+		case "result", "error":
+			response = true
+		}
+	}
+	return id, request, response
 }
 
 // ReadObject reads the next valid message into v.
@@ -103,7 +164,11 @@ func (s *LineStream) ReadObject(v any) error {
 	for {
 		line, err := s.ReadLine()
 		if errors.Is(err, errTooLong) {
-			s.replyError(nil, CodeInvalidRequest, fmt.Sprintf("message longer than %d bytes", MaxMessageSize))
+			var id json.RawMessage
+			if rid, request, _ := peekHead(headOf(err)); request {
+				id = rid
+			}
+			s.replyError(id, CodeInvalidRequest, fmt.Sprintf("message longer than %d bytes", MaxMessageSize))
 			continue
 		}
 		if err != nil {

@@ -116,7 +116,7 @@ func TestLineStreamSurvivesBadLines(t *testing.T) {
 
 func TestLineStreamTooLong(t *testing.T) {
 	var out bytes.Buffer
-	in := strings.Repeat("x", MaxMessageSize+10) + "\n" + `{"jsonrpc":"2.0","id":1,"method":"echo"}` + "\n"
+	in := `{"jsonrpc":"2.0","id":"big","method":"echo","params":"` + strings.Repeat("x", MaxMessageSize+10) + "\"}\n" + `{"jsonrpc":"2.0","id":1,"method":"echo"}` + "\n"
 	s := NewLineStream(pipeConn{strings.NewReader(in), &out}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	var req jsonrpc2.Request
 	if err := s.ReadObject(&req); err != nil {
@@ -125,8 +125,8 @@ func TestLineStreamTooLong(t *testing.T) {
 	if req.Method != "echo" {
 		t.Errorf("method = %q", req.Method)
 	}
-	if !strings.Contains(out.String(), `"code":-32600`) {
-		t.Errorf("no error reply for the long line: %q", out.String())
+	if !strings.Contains(out.String(), `"code":-32600`) || !strings.Contains(out.String(), `"id":"big"`) {
+		t.Errorf("no error reply to request big for the long line: %q", out.String())
 	}
 }
 
