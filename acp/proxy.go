@@ -440,12 +440,19 @@ type response struct {
 // answerTerminal answers a terminal request of the agent in the session's
 // container, in the background: wait_for_exit may take long.
 func (p *Proxy) answerTerminal(m message) {
+	key := string(m.ID)
+	p.mu.Lock()
+	_, dup := p.agentCalls[key]
+	p.mu.Unlock()
+	if dup {
+		p.replyToAgent(m, nil, duplicateID(key))
+		return
+	}
 	release, err := p.limit.acquire(p.ctx, m.Method)
 	if err != nil {
 		p.replyToAgent(m, nil, err)
 		return
 	}
-	key := string(m.ID)
 	ctx, cancel := context.WithCancel(p.ctx)
 	p.mu.Lock()
 	p.agentCalls[key] = cancel

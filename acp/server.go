@@ -252,12 +252,19 @@ func (d *Dispatcher) Handle(ctx context.Context, conn *jsonrpc2.Conn, req *jsonr
 		d.log.Debug("ignored notification", "method", req.Method)
 		return
 	}
+	key := req.ID.String()
+	d.mu.Lock()
+	_, dup := d.pending[key]
+	d.mu.Unlock()
+	if dup {
+		d.replyError(ctx, conn, req, duplicateID(req.ID.String()))
+		return
+	}
 	release, err := d.limit.acquire(ctx, req.Method)
 	if err != nil {
 		d.replyError(ctx, conn, req, err)
 		return
 	}
-	key := req.ID.String()
 	rctx, cancel := context.WithCancel(ctx)
 	d.mu.Lock()
 	d.pending[key] = cancel
@@ -285,6 +292,12 @@ func (d *Dispatcher) Handle(ctx context.Context, conn *jsonrpc2.Conn, req *jsonr
 			d.log.Debug("reply", "method", req.Method, "err", rerr)
 		}
 	}()
+}
+
+// duplicateID refuses a request whose id one in flight already has: its
+// answer and a $/cancel_request could not tell the two apart.
+func duplicateID(id string) error {
+	return &jsonrpc2.Error{Code: CodeInvalidRequest, Message: fmt.Sprintf("id %.100s is already in use by a request in flight", id)}
 }
 
 func (d *Dispatcher) replyError(ctx context.Context, conn *jsonrpc2.Conn, req *jsonrpc2.Request, err error) {

@@ -133,6 +133,12 @@ func TestLineStreamTooLong(t *testing.T) {
 func TestCancelRequest(t *testing.T) {
 	send, recv := serveLines(t)
 	send(`{"jsonrpc":"2.0","id":"w1","method":"block","params":{}}`)
+	// A second request with the id of one in flight is refused: the
+	// cancel below could not tell them apart.
+	send(`{"jsonrpc":"2.0","id":"w1","method":"block","params":{}}`)
+	if rep := recv(); rep["id"] != "w1" || errCode(rep) != CodeInvalidRequest {
+		t.Errorf("reply = %v, want -32600 for the second w1", rep)
+	}
 	send(`{"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":"w1"}}`)
 	rep := recv()
 	if rep["id"] != "w1" || errCode(rep) != CodeCancelled {
