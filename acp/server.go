@@ -13,6 +13,7 @@ import (
 	"os"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/sourcegraph/jsonrpc2"
 
@@ -386,14 +387,29 @@ func ServeListener(ctx context.Context, ln net.Listener, m *sandbox.Manager, wor
 		<-ctx.Done()
 		ln.Close()
 	}()
+	var delay time.Duration
 	for n := 1; ; n++ {
 		c, err := ln.Accept()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
-			return fmt.Errorf("accept: %w", err)
+			if errors.Is(err, net.ErrClosed) {
+				return fmt.Errorf("accept: %w", err)
+			}
+			// Out of descriptors, say: the connections being served
+			// must go on, and new ones are taken again once some end.
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			log.Warn("accept failed; retrying", "err", err, "in", delay)
+			select {
+			case <-time.After(delay):
+			case <-ctx.Done():
+				return nil
+			}
+			n--
+			continue
 		}
+		delay = 0
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -5,8 +5,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -173,5 +175,59 @@ func TestParamsNameTheField(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: err = %v, want %q", tc.params, err, tc.want)
 		}
+	}
+}
+
+// flakyListener fails its first accepts, as a listener out of descriptors
+// does, then hands out conns until closed.
+type flakyListener struct {
+	fails  int
+	conns  chan net.Conn
+	closed chan struct{}
+}
+
+func (l *flakyListener) Accept() (net.Conn, error) {
+	if l.fails > 0 {
+		l.fails--
+		return nil, errors.New("accept4: too many open files")
+	}
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *flakyListener) Close() error {
+	select {
+	case <-l.closed:
+	default:
+		close(l.closed)
+	}
+	return nil
+}
+
+func (l *flakyListener) Addr() net.Addr { return &net.UnixAddr{Name: "flaky", Net: "unix"} }
+
+func TestServeListenerOutlivesFailedAccepts(t *testing.T) {
+	ln := &flakyListener{fails: 3, conns: make(chan net.Conn), closed: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- ServeListener(ctx, ln, nil, "/", slog.New(slog.NewTextHandler(io.Discard, nil))) }()
+	client, server := net.Pipe()
+	defer client.Close()
+	ln.conns <- server
+	if _, err := io.WriteString(client, `{"jsonrpc":"2.0","id":1,"method":"nope"}`+"\n"); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(client).ReadString('\n')
+	if err != nil || !strings.Contains(line, `"code":-32601`) {
+		t.Errorf("reply %q, %v: want method not found", line, err)
+	}
+	client.Close()
+	cancel()
+	if err := <-served; err != nil {
+		t.Errorf("ServeListener: %v", err)
 	}
 }
