@@ -208,11 +208,11 @@ func (p *Proxy) answerTooLong(s *LineStream, head []byte) {
 	if len(id) == 0 || string(id) == "null" || isRequest == isResponse {
 		return
 	}
-	to, code, msg := s, int64(CodeInvalidRequest), fmt.Sprintf("message longer than %d bytes", MaxMessageSize)
+	to, code, msg := s, int64(CodeInvalidRequest), fmt.Sprintf("message longer than %d bytes", s.max)
 	if isResponse {
-		to, code, msg = p.editor, CodeInternal, fmt.Sprintf("the agent's answer was longer than %d bytes", MaxMessageSize)
+		to, code, msg = p.editor, CodeInternal, fmt.Sprintf("the agent's answer was longer than %d bytes", s.max)
 		if s == p.editor {
-			to, msg = p.agent, fmt.Sprintf("the editor's answer was longer than %d bytes", MaxMessageSize)
+			to, msg = p.agent, fmt.Sprintf("the editor's answer was longer than %d bytes", s.max)
 		}
 	}
 	b, err := marshal(response{JSONRPC: "2.0", ID: id, Error: &jsonrpc2.Error{Code: code, Message: msg}})

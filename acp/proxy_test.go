@@ -44,6 +44,9 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
+// testMaxMessage bounds a message in proxy tests.
+const testMaxMessage = 1 << 20
+
 func startProxy(t *testing.T) *proxyPeers {
 	t.Helper()
 	edInR, edInW := io.Pipe()
@@ -57,6 +60,8 @@ func startProxy(t *testing.T) *proxyPeers {
 	}
 	log := slog.New(slog.NewTextHandler(pp.logs, nil))
 	p := NewProxy(NewTerminals(nil, "test", "/"), sandbox.SessionSpec{}, pipeConn{edInR, edOutW}, pipeConn{agOutR, agInW}, log)
+	// Over-long messages without pushing 64 MiB through a pipe.
+	p.editor.max, p.agent.max = testMaxMessage, testMaxMessage
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { pp.ended <- p.Run(ctx) }()
 	t.Cleanup(func() {
@@ -314,7 +319,7 @@ func TestPeekHead(t *testing.T) {
 // response reaches the side that asked as an error.
 func TestWrapProxyAnswersForOverlongMessages(t *testing.T) {
 	pp := startProxy(t)
-	huge := strings.Repeat("a", MaxMessageSize)
+	huge := strings.Repeat("a", testMaxMessage)
 	go io.WriteString(pp.toProxyFromAgent, `{"jsonrpc":"2.0","id":41,"method":"fs/read_text_file","params":{"path":"`+huge+`"}}`+"\n")
 	if got := recv(t, pp.agent); !strings.Contains(got, `"id":41`) || !strings.Contains(got, `-32600`) {
 		t.Errorf("agent got %q, want an error for its request 41", got)

@@ -11,12 +11,12 @@ import (
 // relay that forwards most lines untouched. A line that fits the read
 // buffer is returned in place, without a copy: it is valid only until the
 // next read. A last line without a newline gets one. A line longer than
-// MaxMessageSize is skipped and reported as errTooLong.
+// the stream's bound is skipped and reported as errTooLong.
 func (s *LineStream) readRaw() ([]byte, error) {
 	for {
 		line, err := s.r.ReadSlice('\n')
 		if errors.Is(err, bufio.ErrBufferFull) {
-			line, err = readRest(s.r, line, MaxMessageSize)
+			line, err = readRest(s.r, line, s.max)
 			if errors.Is(err, io.EOF) && len(line) > 0 {
 				err = nil
 			}

@@ -33,13 +33,15 @@ type LineStream struct {
 	w   io.Writer
 	c   io.Closer
 	log *slog.Logger
+	// max bounds one message: MaxMessageSize, lower in tests.
+	max int
 
 	wmu sync.Mutex
 }
 
 // NewLineStream frames messages on rwc.
 func NewLineStream(rwc io.ReadWriteCloser, log *slog.Logger) *LineStream {
-	return &LineStream{r: bufio.NewReaderSize(rwc, 64<<10), w: rwc, c: rwc, log: log}
+	return &LineStream{r: bufio.NewReaderSize(rwc, 64<<10), w: rwc, c: rwc, log: log, max: MaxMessageSize}
 }
 
 // WriteObject writes obj as one line.
@@ -62,10 +64,10 @@ func (s *LineStream) WriteLine(b []byte) error {
 }
 
 // ReadLine returns the next non-empty line, without its newline. A line
-// longer than MaxMessageSize is skipped and reported as ErrTooLong.
+// longer than the stream's bound is skipped and reported as errTooLong.
 func (s *LineStream) ReadLine() ([]byte, error) {
 	for {
-		line, err := readLine(s.r, MaxMessageSize)
+		line, err := readLine(s.r, s.max)
 		if errors.Is(err, errTooLong) {
 			return nil, err
 		}
@@ -169,7 +171,7 @@ func (s *LineStream) ReadObject(v any) error {
 			if rid, request, _ := peekHead(headOf(err)); request {
 				id = rid
 			}
-			s.replyError(id, CodeInvalidRequest, fmt.Sprintf("message longer than %d bytes", MaxMessageSize))
+			s.replyError(id, CodeInvalidRequest, fmt.Sprintf("message longer than %d bytes", s.max))
 			continue
 		}
 		if err != nil {
