@@ -289,7 +289,9 @@ func (t *Terminals) open(ctx context.Context, sid string, spec sandbox.SessionSp
 		s, err = t.m.OpenOrGet(ctx, t.key(sid), spec)
 	}
 	if err != nil {
-		if _, gerr := t.m.Get(ctx, t.key(sid)); gerr != nil {
+		// A session that fails to open again keeps what it opens with
+		// for the next try; a new one is forgotten.
+		if _, gerr := t.m.Get(ctx, t.key(sid)); gerr != nil && (again == nil || explicit) {
 			t.mu.Lock()
 			delete(t.sessions, sid)
 			t.mu.Unlock()

@@ -26,6 +26,10 @@ const (
 	// the editor re-renders it on every refresh, and the agent reads the
 	// whole output through terminal/output anyway.
 	displayLimit = 64 << 10
+	// embeddedBytes bounds the output the proxy keeps of finished
+	// terminals shown in tool calls: once released, their buffers are
+	// outside server.max_output_memory.
+	embeddedBytes = 64 << 20
 	// maxEmbedded bounds how many terminals shown in tool calls the proxy
 	// keeps readable after the agent released them.
 	maxEmbedded = 256
@@ -208,6 +212,12 @@ func (p *Proxy) answerTooLong(s *LineStream, head []byte) {
 	if len(id) == 0 || string(id) == "null" || isRequest == isResponse {
 		return
 	}
+	if isResponse && s == p.agent {
+		// No session comes of it.
+		p.mu.Lock()
+		delete(p.sessionCalls, string(id))
+		p.mu.Unlock()
+	}
 	to, code, msg := s, int64(CodeInvalidRequest), fmt.Sprintf("message longer than %d bytes", s.max)
 	if isResponse {
 		to, code, msg = p.editor, CodeInternal, fmt.Sprintf("the agent's answer was longer than %d bytes", s.max)
@@ -278,6 +288,10 @@ func decodeStrict(body []byte) (message, error) {
 			return message{}, err
 		}
 		key, _ := tok.(string)
+		if strings.ContainsFunc(key, func(r rune) bool { return r < 0x20 }) {
+			// A parser of C strings would read "method\u0000" as method.
+			return message{}, fmt.Errorf("member %q has a control character", truncate([]byte(key), 40))
+		}
 		for i, name := range members {
 			if strings.EqualFold(key, name) {
 				if key != name || seen[i] {
@@ -306,6 +320,13 @@ func (p *Proxy) fromAgent() error {
 		if !isObject(body) {
 			p.log.Warn("dropped a line from the agent that is not a JSON object", "line", truncate(body, 200))
 			continue
+		}
+		if bytes.IndexByte(body, '\r') >= 0 {
+			// In valid JSON a CR is whitespace between tokens; to an
+			// editor that splits lines on it, a line break, after which
+			// it would read a message of its own, unchecked.
+			body = bytes.ReplaceAll(body, []byte{'\r'}, []byte{' '})
+			line = append(body[:len(body):len(body)], '\n')
 		}
 		p.mu.Lock()
 		pending := len(p.sessionCalls) > 0
@@ -457,20 +478,22 @@ func (p *Proxy) answerTerminal(m message) {
 	p.mu.Lock()
 	p.agentCalls[key] = cancel
 	p.mu.Unlock()
-	done := func() {
+	forget := func() {
 		p.mu.Lock()
 		delete(p.agentCalls, key)
 		p.mu.Unlock()
 		cancel()
-		release()
 	}
 	started := p.background(func() {
-		defer done()
+		defer release() // after the reply is written: it holds the memory
 		res, err := p.terms.Handle(ctx, m.Method, m.Params)
+		// Before the reply: the agent may reuse the id as soon as it has it.
+		forget()
 		p.replyToAgent(m, res, err)
 	})
 	if !started {
-		done()
+		forget()
+		release()
 	}
 }
 
@@ -595,7 +618,7 @@ func (p *Proxy) lookup(sessionID, terminalID string) *sandbox.Terminal {
 // remember keeps a terminal shown in a tool call readable after release,
 // as the protocol asks ("the Client displays live output ... even after the
 // terminal is released"), forgetting the oldest finished ones beyond
-// maxEmbedded.
+// maxEmbedded, or beyond embeddedBytes of output.
 func (p *Proxy) remember(sessionID string, t *sandbox.Terminal) {
 	k := termKey{sessionID, t.ID}
 	p.mu.Lock()
@@ -605,9 +628,16 @@ func (p *Proxy) remember(sessionID string, t *sandbox.Terminal) {
 	}
 	p.embedded[k] = &embeddedTerminal{t: t}
 	p.embedOrder = append(p.embedOrder, k)
-	for i := 0; len(p.embedOrder) > maxEmbedded && i < len(p.embedOrder); {
+	held := 0
+	for _, k := range p.embedOrder {
+		if t := p.embedded[k].t; t.Exited() {
+			held += t.Buffer().Held()
+		}
+	}
+	for i := 0; (len(p.embedOrder) > maxEmbedded || held > embeddedBytes) && i < len(p.embedOrder); {
 		old := p.embedOrder[i]
-		if p.embedded[old].t.Exited() {
+		if t := p.embedded[old].t; t.Exited() {
+			held -= t.Buffer().Held()
 			delete(p.embedded, old)
 			p.embedOrder = append(p.embedOrder[:i], p.embedOrder[i+1:]...)
 			continue

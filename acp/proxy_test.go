@@ -149,6 +149,7 @@ func TestWrapProxyDropsAgentLinesThatAreNotMessages(t *testing.T) {
 		`{"jsonrpc":"2.0","id":2,"method":"terminal/create","method":"x/y","params":{}}` + "\n",
 		`{"jsonrpc":"2.0","id":3,"Method":"terminal/create","params":{}}` + "\n",
 		`{"jsonrpc":"2.0","id":4,"method":"x/y","paramſ":{},"params":{"a":"terminal"}}` + "\n",
+		`{"jsonrpc":"2.0","id":5,"method\u0000":"terminal/create","method":"x/y","params":{}}` + "\n",
 	} {
 		send(t, pp.toProxyFromAgent, line)
 	}
@@ -157,8 +158,14 @@ func TestWrapProxyDropsAgentLinesThatAreNotMessages(t *testing.T) {
 	if got := recv(t, pp.editor); got != last {
 		t.Errorf("editor got %q, want only the message %q", got, last)
 	}
-	if n := strings.Count(pp.logs.String(), "dropped"); n != 9 {
-		t.Errorf("logged %d drops, want 9:\n%s", n, pp.logs)
+	if n := strings.Count(pp.logs.String(), "dropped"); n != 10 {
+		t.Errorf("logged %d drops, want 10:\n%s", n, pp.logs)
+	}
+	// A CR between tokens is whitespace to JSON, a line break to some
+	// editors: it reaches the editor as a space.
+	send(t, pp.toProxyFromAgent, "{\"a\":\r{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"terminal/create\",\"params\":{}}\r}\n")
+	if got, want := recv(t, pp.editor), "{\"a\": {\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"terminal/create\",\"params\":{}} }\n"; got != want {
+		t.Errorf("editor got %q, want %q", got, want)
 	}
 }
 

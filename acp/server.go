@@ -275,18 +275,17 @@ func (d *Dispatcher) Handle(ctx context.Context, conn *jsonrpc2.Conn, req *jsonr
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
-		defer func() {
-			d.mu.Lock()
-			delete(d.pending, key)
-			d.mu.Unlock()
-			cancel()
-			release()
-		}()
+		defer release() // after the reply is written: it holds the memory
 		var params json.RawMessage
 		if req.Params != nil {
 			params = *req.Params
 		}
 		res, err := d.h.Handle(rctx, req.Method, params)
+		// Before the reply: a peer may reuse the id as soon as it has it.
+		d.mu.Lock()
+		delete(d.pending, key)
+		d.mu.Unlock()
+		cancel()
 		if err != nil {
 			d.replyError(ctx, conn, req, err)
 			return

@@ -231,3 +231,15 @@ func TestServeListenerOutlivesFailedAccepts(t *testing.T) {
 		t.Errorf("ServeListener: %v", err)
 	}
 }
+
+// TestIDReusedAfterItsAnswer: a peer may reuse an id as soon as it has the
+// answer to it.
+func TestIDReusedAfterItsAnswer(t *testing.T) {
+	send, recv := serveLines(t)
+	for i := range 2000 {
+		send(`{"jsonrpc":"2.0","id":1,"method":"echo","params":{}}`)
+		if rep := recv(); rep["error"] != nil {
+			t.Fatalf("request %d: %v", i, rep)
+		}
+	}
+}

@@ -13,6 +13,8 @@ __sbx_esc() {
 	local s=${1//\\/\\\\}
 	s=${s//;/\\x3b}
 	s=${s//$'\n'/\\x0a}
+	s=${s//$'\e'/\\x1b}
+	s=${s//$'\a'/\\x07}
 	printf '%s' "$s"
 }
 __sbx_prompt() {

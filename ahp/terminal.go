@@ -177,6 +177,8 @@ func (t *terminal) writeInput() {
 			}
 		case <-t.t.Done():
 			return
+		case <-t.s.ctx.Done():
+			return
 		}
 	}
 }

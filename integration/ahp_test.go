@@ -524,6 +524,18 @@ func TestAHPTitleAndForgedSequences(t *testing.T) {
 	if len(lines) == 0 || lines[len(lines)-1] != "" || slices.Contains(lines, "rm -rf /") {
 		t.Errorf("command lines %q: want the forged one reported without its line", lines)
 	}
+	// A command line with an ESC or a BEL in it (typed with Ctrl-V) is
+	// escaped whole: no part of its sequence, the nonce least of all,
+	// spills into the data.
+	c.input(term, "echo \x16\x1b[0mx\x16\x07; echo esc''aped\r", 4)
+	eventually(t, "escaped", 60*time.Second, func() bool { return strings.Contains(c.data(term), "escaped\r\n") })
+	if !c.executed(term, "echo \x1b[0mx\x07; echo esc''aped") {
+		t.Errorf("the command line with ESC and BEL is not reported whole")
+	}
+	d := c.data(term)
+	if m := regexp.MustCompile(`[0-9a-f]{32}`).FindString(d[strings.LastIndex(d, "forged\r\n"):]); m != "" {
+		t.Errorf("the nonce %s is in the data", m)
+	}
 }
 
 func TestAHPRefusesWrongTokenAndForeignOrigin(t *testing.T) {

@@ -74,6 +74,13 @@ func (b *OutputBuffer) Write(p []byte) (int, error) {
 	return n, nil
 }
 
+// Held returns the bytes of memory the buffer holds.
+func (b *OutputBuffer) Held() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return cap(b.buf)
+}
+
 // Snapshot returns the retained output and whether anything was dropped.
 // When bytes were dropped, the head is cut forward to the next UTF-8 boundary
 // so a character is never split in half.

@@ -107,6 +107,12 @@ func TestOutputBufferMemoryIsBounded(t *testing.T) {
 	if grew := int64(after.HeapAlloc) - int64(before.HeapAlloc); grew > 2*limit {
 		t.Errorf("heap grew by %d bytes after 256 MiB through a %d limit", grew, limit)
 	}
+	if h := b.Held(); h < limit || h > 2*limit {
+		t.Errorf("Held() = %d, want what the buffer holds, %d to %d", h, limit, 2*limit)
+	}
+	if h := NewOutputBuffer(limit).Held(); h != 0 {
+		t.Errorf("an empty buffer holds %d bytes", h)
+	}
 }
 
 func BenchmarkOutputBufferWrite(b *testing.B) {
