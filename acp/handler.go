@@ -60,6 +60,9 @@ type Terminals struct {
 	// workspace is used when a session opens without a cwd, and bounds
 	// the workspaces a peer may name.
 	workspace string
+	// defaults are the image, network and limits of sessions opened on
+	// first use (a wrap's flags); zero fields keep the configuration's.
+	defaults sandbox.SessionSpec
 
 	mu sync.Mutex
 	// sessions are the connection's sessions, each with the spec to open
@@ -69,9 +72,10 @@ type Terminals struct {
 }
 
 // NewTerminals returns the terminal service for one connection. scope must
-// be unique per connection; workspace is the default workspace.
-func NewTerminals(m *sandbox.Manager, scope, workspace string) *Terminals {
-	return &Terminals{m: m, scope: scope, workspace: workspace, sessions: make(map[string]*sandbox.SessionSpec)}
+// be unique per connection; workspace is the default workspace; defaults
+// give sessions their image, network and limits where set.
+func NewTerminals(m *sandbox.Manager, scope, workspace string, defaults sandbox.SessionSpec) *Terminals {
+	return &Terminals{m: m, scope: scope, workspace: workspace, defaults: defaults, sessions: make(map[string]*sandbox.SessionSpec)}
 }
 
 // Manager returns the sandbox manager behind the service.
@@ -257,7 +261,9 @@ func (t *Terminals) sessionForCreate(ctx context.Context, sid, cwd string) (*san
 			return nil, err
 		}
 	}
-	return t.open(ctx, sid, sandbox.SessionSpec{ID: sid, Workspace: t.workspace, Dir: cwd}, nil, false)
+	spec := t.defaults
+	spec.ID, spec.Workspace, spec.Dir, spec.ExtraDirs = sid, t.workspace, cwd, nil
+	return t.open(ctx, sid, spec, nil, false)
 }
 
 // checkWorkspace keeps a peer from mounting any host directory it names:
@@ -331,7 +337,9 @@ func (t *Terminals) SessionFor(ctx context.Context, dir string) (*sandbox.Sessio
 	if err := t.checkWorkspace("cwd", dir); err != nil {
 		return nil, err
 	}
-	return t.open(ctx, "ahp", sandbox.SessionSpec{ID: "ahp", Workspace: t.workspace}, nil, false)
+	spec := t.defaults
+	spec.ID, spec.Workspace, spec.Dir, spec.ExtraDirs = "ahp", t.workspace, "", nil
+	return t.open(ctx, "ahp", spec, nil, false)
 }
 
 // Session returns the connection's open session with the given id.

@@ -41,13 +41,11 @@ const (
 // container for every session the agent opens, and shows embedded terminals
 // to the editor, which never created them, as live output.
 type Proxy struct {
-	terms *Terminals
-	// defaults are the image, network and limits of every session.
-	defaults sandbox.SessionSpec
-	editor   *LineStream // reads the editor's messages, writes to the editor
-	agent    *LineStream // reads the agent's messages, writes to the agent
-	log      *slog.Logger
-	ctx      context.Context // set by Run; background work ends with it
+	terms  *Terminals
+	editor *LineStream // reads the editor's messages, writes to the editor
+	agent  *LineStream // reads the agent's messages, writes to the agent
+	log    *slog.Logger
+	ctx    context.Context // set by Run; background work ends with it
 
 	// updates is held while a session/update that shows terminals is
 	// rewritten and written, and while a watch renders and writes a
@@ -98,11 +96,10 @@ type toolCallKey struct{ session, toolCall string }
 type termKey struct{ session, terminal string }
 
 // NewProxy returns a proxy between an editor and an agent connection.
-// Sessions get their image, network and limits from defaults.
-func NewProxy(terms *Terminals, defaults sandbox.SessionSpec, editor, agent io.ReadWriteCloser, log *slog.Logger) *Proxy {
+// Sessions get their image, network and limits from the defaults of terms.
+func NewProxy(terms *Terminals, editor, agent io.ReadWriteCloser, log *slog.Logger) *Proxy {
 	return &Proxy{
 		terms:        terms,
-		defaults:     defaults,
 		editor:       NewLineStream(editor, log),
 		agent:        NewLineStream(agent, log),
 		log:          log,
@@ -566,7 +563,7 @@ func (p *Proxy) sessionAnswered(m message) {
 	if req.SessionID == "" || req.Cwd == "" {
 		return
 	}
-	spec := p.defaults
+	spec := p.terms.defaults
 	spec.ID, spec.Workspace, spec.ExtraDirs = req.SessionID, req.Cwd, req.Dirs
 	p.mu.Lock()
 	p.specs[spec.ID] = spec

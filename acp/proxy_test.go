@@ -59,7 +59,7 @@ func startProxy(t *testing.T) *proxyPeers {
 		logs: &syncBuffer{}, ended: make(chan error, 1),
 	}
 	log := slog.New(slog.NewTextHandler(pp.logs, nil))
-	p := NewProxy(NewTerminals(nil, "test", "/"), sandbox.SessionSpec{}, pipeConn{edInR, edOutW}, pipeConn{agOutR, agInW}, log)
+	p := NewProxy(NewTerminals(nil, "test", "/", sandbox.SessionSpec{}), pipeConn{edInR, edOutW}, pipeConn{agOutR, agInW}, log)
 	// Over-long messages without pushing 64 MiB through a pipe.
 	p.editor.max, p.agent.max = testMaxMessage, testMaxMessage
 	ctx, cancel := context.WithCancel(context.Background())
@@ -229,7 +229,7 @@ func TestWrapRewriteInitialize(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			p := NewProxy(nil, sandbox.SessionSpec{}, pipeConn{}, pipeConn{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			p := NewProxy(nil, pipeConn{}, pipeConn{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 			out := p.rewriteInitialize([]byte(tc.in))
 			var got, in map[string]any
 			if err := json.Unmarshal(out, &got); err != nil {
@@ -273,7 +273,7 @@ func TestWrapRewriteUpdate(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			p := NewProxy(NewTerminals(nil, "test", "/"), sandbox.SessionSpec{}, pipeConn{}, pipeConn{Writer: io.Discard}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			p := NewProxy(NewTerminals(nil, "test", "/", sandbox.SessionSpec{}), pipeConn{}, pipeConn{Writer: io.Discard}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 			var m message
 			json.Unmarshal([]byte(tc.line), &m)
 			p.updates.Lock() // as fromAgent holds it

@@ -32,11 +32,11 @@ type Agent struct {
 
 // Wrap starts the agent and relays between it and the editor through a
 // Proxy until one side ends. Sessions get their image, network and limits
-// from defaults. It returns the agent's exit code (128+n for a signal)
+// from the terminal service's defaults. It returns the agent's exit code (128+n for a signal)
 // when the agent ended, and 0 when the editor did; the agent has exited
 // either way. The caller then closes the manager, which removes every
 // container of the wrap.
-func Wrap(ctx context.Context, terms *Terminals, editor io.ReadWriteCloser, agent Agent, defaults sandbox.SessionSpec, log *slog.Logger) (int, error) {
+func Wrap(ctx context.Context, terms *Terminals, editor io.ReadWriteCloser, agent Agent, log *slog.Logger) (int, error) {
 	if len(agent.Argv) == 0 {
 		return 0, errors.New("start agent: no agent command given")
 	}
@@ -83,10 +83,10 @@ func Wrap(ctx context.Context, terms *Terminals, editor io.ReadWriteCloser, agen
 	// Editors start the agent in the project they then open a session for:
 	// have a container for it running before it is asked for. A spare
 	// with other limits than the configured ones would never fit.
-	if defaults.Limits == (limits.Limits{}) {
+	if defaults := terms.defaults; defaults.Limits == (limits.Limits{}) {
 		terms.m.KeepSpare(sandbox.SessionSpec{ID: "spare", Workspace: terms.workspace, Image: defaults.Image, Network: defaults.Network})
 	}
-	p := NewProxy(terms, defaults, editor, pipe{agentOut, agentIn}, log)
+	p := NewProxy(terms, editor, pipe{agentOut, agentIn}, log)
 	pctx, stopProxy := context.WithCancel(ctx)
 	defer stopProxy()
 	ended := make(chan error, 1)

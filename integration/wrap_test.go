@@ -256,6 +256,22 @@ func TestWrapGivesTheAgentTerminals(t *testing.T) {
 	}
 }
 
+// TestWrapFlagsHoldForEverySession: wrap's flags are the operator's word
+// on what a session may have; a session id the agent makes up, which the
+// editor never opened, gets them too, not the configuration's defaults.
+func TestWrapFlagsHoldForEverySession(t *testing.T) {
+	ws := workspace(t)
+	w := startWrapWith(t, ws, acpsdk.ClientCapabilities{}, false, "--pids", "48")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sid := w.newSession(t, ctx, ws)
+	for _, verb := range []string{"run", "elsewhere"} {
+		if got := w.prompt(t, ctx, sid, verb+" cat /sys/fs/cgroup/pids/pids.max"); got != "exit=0 output=48\n" {
+			t.Errorf("%s: %q, want pids.max 48", verb, got)
+		}
+	}
+}
+
 // TestWrapSharesTheAgentsContainerOverAHP: a person opens an AHP terminal
 // in the agent's working directory and types into the container the
 // agent's commands run in.

@@ -208,7 +208,7 @@ func cmdServe(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	waitAHP, err := ah.start(ctx, acp.NewTerminals(m, "ahp", workspace), workspace, log, stderr)
+	waitAHP, err := ah.start(ctx, acp.NewTerminals(m, "ahp", workspace, sandbox.SessionSpec{}), workspace, log, stderr)
 	if err != nil {
 		return err
 	}
@@ -217,7 +217,7 @@ func cmdServe(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	switch {
 	case *listen == "stdio":
 		log.Info("serving ACP on stdio")
-		return acp.Serve(ctx, stdio{stdin, stdout}, acp.NewTerminals(m, "stdio", workspace), log)
+		return acp.Serve(ctx, stdio{stdin, stdout}, acp.NewTerminals(m, "stdio", workspace, sandbox.SessionSpec{}), log)
 	case strings.HasPrefix(*listen, "unix:"):
 		path := strings.TrimPrefix(*listen, "unix:")
 		ln, err := acp.ListenUnix(path)

@@ -71,7 +71,7 @@ func cmdWrap(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	if wd, err := os.Getwd(); err == nil {
 		agent.Dir = wd
 	}
-	terms := acp.NewTerminals(m, "wrap", workspace)
+	terms := acp.NewTerminals(m, "wrap", workspace, defaults)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	waitAHP, err := ah.start(ctx, terms, workspace, log, stderr)
@@ -80,7 +80,7 @@ func cmdWrap(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	}
 	defer waitAHP()
 	defer cancel()
-	return acp.Wrap(ctx, terms, stdio{stdin, stdout}, agent, defaults, log)
+	return acp.Wrap(ctx, terms, stdio{stdin, stdout}, agent, log)
 }
 
 // sessionFlags override the configured image, network and limits of every

@@ -6,6 +6,8 @@
 //	caps          the clientCapabilities it was given, as JSON
 //	run LINE      runs LINE in a terminal embedded in a tool call, then
 //	              reports "exit=... output=..."
+//	elsewhere LINE  runs LINE in a session id the agent made up, which the
+//	              editor never opened, and reports like run
 //	crash LINE    starts LINE in a terminal and exits with code 3
 //	quit N        says "bye" and exits with code N at once
 //	garbage       writes a line that is not JSON to stdout, then says "ok"
@@ -112,6 +114,8 @@ func (a *agent) Prompt(ctx context.Context, p acp.PromptRequest) (acp.PromptResp
 		reply = string(b)
 	case "run":
 		reply, err = a.run(ctx, p.SessionId, cwd, arg)
+	case "elsewhere":
+		reply, err = a.runElsewhere(ctx, "invented-"+p.SessionId, arg)
 	case "quit":
 		code, _ := strconv.Atoi(arg)
 		a.say(ctx, p.SessionId, "bye")
@@ -153,6 +157,33 @@ func (a *agent) Prompt(ctx context.Context, p acp.PromptRequest) (acp.PromptResp
 	return acp.PromptResponse{StopReason: acp.StopReasonEndTurn}, nil
 }
 
+// runElsewhere runs line in session sid, showing it nowhere.
+func (a *agent) runElsewhere(ctx context.Context, sid acp.SessionId, line string) (string, error) {
+	t, err := a.conn.CreateTerminal(ctx, acp.CreateTerminalRequest{SessionId: sid, Command: "/bin/sh", Args: []string{"-c", line}})
+	if err != nil {
+		return "", err
+	}
+	st, out, err := a.finish(ctx, sid, t.TerminalId)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("exit=%d output=%s", *st.ExitCode, out.Output), nil
+}
+
+// finish waits for a terminal, reads its output and releases it.
+func (a *agent) finish(ctx context.Context, sid acp.SessionId, id string) (acp.WaitForTerminalExitResponse, acp.TerminalOutputResponse, error) {
+	st, err := a.conn.WaitForTerminalExit(ctx, acp.WaitForTerminalExitRequest{SessionId: sid, TerminalId: id})
+	if err != nil {
+		return st, acp.TerminalOutputResponse{}, err
+	}
+	out, err := a.conn.TerminalOutput(ctx, acp.TerminalOutputRequest{SessionId: sid, TerminalId: id})
+	if err != nil {
+		return st, out, err
+	}
+	_, err = a.conn.ReleaseTerminal(ctx, acp.ReleaseTerminalRequest{SessionId: sid, TerminalId: id})
+	return st, out, err
+}
+
 // run runs line in a terminal shown in a tool call, as agents do.
 func (a *agent) run(ctx context.Context, sid acp.SessionId, cwd, line string) (string, error) {
 	t, err := a.conn.CreateTerminal(ctx, acp.CreateTerminalRequest{SessionId: sid, Command: "/bin/sh", Args: []string{"-c", line}, Cwd: &cwd})
@@ -165,17 +196,10 @@ func (a *agent) run(ctx context.Context, sid acp.SessionId, cwd, line string) (s
 		acp.WithStartContent([]acp.ToolCallContent{acp.ToolTerminalRef(t.TerminalId)}))}); err != nil {
 		return "", err
 	}
-	st, err := a.conn.WaitForTerminalExit(ctx, acp.WaitForTerminalExitRequest{SessionId: sid, TerminalId: t.TerminalId})
-	if err != nil {
-		return "", err
-	}
-	out, err := a.conn.TerminalOutput(ctx, acp.TerminalOutputRequest{SessionId: sid, TerminalId: t.TerminalId})
-	if err != nil {
-		return "", err
-	}
 	// Released before the last update: the client keeps showing the
 	// output of a terminal embedded in a tool call after release.
-	if _, err := a.conn.ReleaseTerminal(ctx, acp.ReleaseTerminalRequest{SessionId: sid, TerminalId: t.TerminalId}); err != nil {
+	st, out, err := a.finish(ctx, sid, t.TerminalId)
+	if err != nil {
 		return "", err
 	}
 	if err := a.conn.SessionUpdate(ctx, acp.SessionNotification{SessionId: sid, Update: acp.UpdateToolCall(call,
