@@ -526,7 +526,13 @@ func TestAHPTitleAndForgedSequences(t *testing.T) {
 	}
 	// A command line with an ESC or a BEL in it (typed with Ctrl-V) is
 	// escaped whole: no part of its sequence, the nonce least of all,
-	// spills into the data.
+	// spills into the data. Typed at the prompt: while a command runs, the
+	// line discipline would take the Ctrl-V itself, and readline would
+	// then read the ESC as the start of a key sequence.
+	eventually(t, "prompt", 60*time.Second, func() bool {
+		d := c.data(term)
+		return strings.Contains(d[strings.LastIndex(d, "forged\r\n"):], "$ ")
+	})
 	c.input(term, "echo \x16\x1b[0mx\x16\x07; echo esc''aped\r", 4)
 	eventually(t, "escaped", 60*time.Second, func() bool { return strings.Contains(c.data(term), "escaped\r\n") })
 	if !c.executed(term, "echo \x1b[0mx\x07; echo esc''aped") {
