@@ -181,6 +181,12 @@ func (s *LineStream) ReadObject(v any) error {
 			s.replyError(nil, CodeParseError, "parse error: not valid JSON")
 			continue
 		}
+		if id := requestID(line); len(id) > 0 && id[0] == '-' {
+			// The JSON-RPC library keeps numeric ids unsigned: its answer
+			// would carry another id than the one asked with.
+			s.replyError(id, CodeInvalidRequest, "invalid request: negative ids are not supported; use a non-negative integer or a string")
+			continue
+		}
 		if err := json.Unmarshal(line, v); err != nil {
 			s.replyError(requestID(line), CodeInvalidRequest, "invalid request: "+err.Error())
 			continue

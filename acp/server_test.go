@@ -232,6 +232,18 @@ func TestServeListenerOutlivesFailedAccepts(t *testing.T) {
 	}
 }
 
+func TestNegativeIDIsRefusedWithIt(t *testing.T) {
+	send, recv := serveLines(t)
+	send(`{"jsonrpc":"2.0","id":-3,"method":"echo","params":{}}`)
+	if rep := recv(); rep["id"] != float64(-3) || errCode(rep) != CodeInvalidRequest {
+		t.Errorf("reply = %v, want -32600 for id -3", rep)
+	}
+	send(`{"jsonrpc":"2.0","id":4,"method":"echo","params":{}}`)
+	if rep := recv(); rep["id"] != float64(4) || rep["error"] != nil {
+		t.Errorf("reply = %v", rep)
+	}
+}
+
 // TestIDReusedAfterItsAnswer: a peer may reuse an id as soon as it has the
 // answer to it.
 func TestIDReusedAfterItsAnswer(t *testing.T) {
