@@ -304,6 +304,18 @@ func (t *Terminals) open(ctx context.Context, sid string, spec sandbox.SessionSp
 		}
 		return nil, err
 	}
+	// A close of the same id that ran between the registration above and
+	// the manager's reservation found nothing to close and has answered:
+	// the session just opened belongs to no one, so it goes now.
+	t.mu.Lock()
+	_, kept := t.sessions[sid]
+	t.mu.Unlock()
+	if !kept {
+		if err := t.m.CloseSession(context.WithoutCancel(ctx), t.key(sid)); err != nil && !errors.Is(err, sandbox.ErrNotFound) {
+			return nil, fmt.Errorf("close session %s, closed while it opened: %w", sid, err)
+		}
+		return nil, notFound("session %q was closed while this request opened it", sid)
+	}
 	return s, nil
 }
 

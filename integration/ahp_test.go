@@ -262,6 +262,31 @@ func (c *ahpClient) input(channel, text string, seq int) {
 	c.notify("dispatchAction", map[string]any{"channel": channel, "clientSeq": seq, "action": map[string]any{"type": "terminal/input", "data": text}})
 }
 
+// TestServeSharesTheStdioPeersContainerOverAHP: on `serve` over stdio, as
+// on `wrap`, an AHP terminal in the peer's workspace runs in the container
+// the peer's commands run in.
+func TestServeSharesTheStdioPeersContainerOverAHP(t *testing.T) {
+	ws := workspace(t)
+	a := startAHP(t, ws)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, _ := sh(t, ctx, a.srv.agent(), "agent-session", "grep /etc/hostname /proc/self/mountinfo")
+	m := containerInMountinfo.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no container id in the command's mountinfo: %q", out)
+	}
+	const term = "ahp-terminal:/shared"
+	c := subscribedTerminal(t, a, "person", term, ws)
+	c.input(term, "grep /etc/hostname /proc/self/mountinfo; echo do''ne\r", 1)
+	eventually(t, "done", time.Minute, func() bool { return strings.Contains(c.data(term), "done\r\n") })
+	if got := containerInMountinfo.FindStringSubmatch(c.data(term)); got == nil || got[1] != m[1] {
+		t.Errorf("the terminal runs in another container than the peer's %.12s: %q", m[1], c.data(term))
+	}
+	if ids := containersOf(t, a.srv.cmd.Process.Pid); len(ids) != 1 {
+		t.Errorf("containers %v, want the one session's", ids)
+	}
+}
+
 func TestAHPTerminal(t *testing.T) {
 	ws := workspace(t)
 	a := startAHP(t, ws)

@@ -224,6 +224,12 @@ func LoadConfig(defaults, file string, hostCPUs int) (Config, error) {
 	if err := decodeConfig(&cfg, "sandbox.toml (embedded default)", defaults); err != nil {
 		return Config{}, err
 	}
+	// The embedded maximum is what the host has when it has fewer CPUs:
+	// the defaults must run on any machine. A file that asks for more
+	// than the host has is still refused.
+	if hostCPUs > 0 {
+		cfg.Session.Max.CPUs = min(cfg.Session.Max.CPUs, CPUs(hostCPUs))
+	}
 	if file == "" {
 		return cfg, cfg.validate("sandbox.toml (embedded default)", defaults, hostCPUs)
 	}
@@ -294,7 +300,14 @@ func (c Config) validate(file, text string, hostCPUs int) error {
 		if !uidGID.MatchString(key.v) {
 			return bad(key.name, "%q must be written as uid:gid, e.g. \"1000:1000\"", key.v)
 		}
-		if strings.HasPrefix(key.v, "0:") {
+		uid, gid, _ := strings.Cut(key.v, ":")
+		u, uerr := strconv.ParseUint(uid, 10, 32)
+		_, gerr := strconv.ParseUint(gid, 10, 32)
+		if uerr != nil || gerr != nil {
+			return bad(key.name, "%q: uid and gid must each be below 2^32", key.v)
+		}
+		// Checked as a number: "00:0" is root too.
+		if u == 0 {
 			return bad(key.name, "uid 0 (root) is never used inside a sandbox")
 		}
 	}

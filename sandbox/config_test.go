@@ -73,6 +73,22 @@ func TestConfigOverridesAndErrors(t *testing.T) {
 		{name: "unknown key", text: "[session]\nimage = \"x\"\nnetwrok = \"none\"\n", hostCPU: 2, wantErr: ":3: session.netwrok"},
 		{name: "host network", text: "[session]\nnetwork = \"host\"\n", hostCPU: 2, wantErr: ":2: session.network"},
 		{name: "root user", text: "[session]\nuser = \"0:0\"\n", hostCPU: 2, wantErr: ":2: session.user"},
+		{name: "root user with leading zeros", text: "[session]\nuser = \"00:0\"\n", hostCPU: 2, wantErr: ":2: session.user"},
+		{name: "root fallback user", text: "[session]\nfallback_user = \"000:1000\"\n", hostCPU: 2, wantErr: ":2: session.fallback_user"},
+		{name: "uid beyond 32 bits", text: "[session]\nuser = \"4294967296:1000\"\n", hostCPU: 2, wantErr: ":2: session.user"},
+		{name: "user with leading zeros", text: "[session]\nuser = \"01000:1000\"\n", hostCPU: 2,
+			check: func(t *testing.T, c Config) {
+				if c.Session.User != "01000:1000" {
+					t.Errorf("user = %q", c.Session.User)
+				}
+			}},
+		{name: "one-CPU host runs the defaults", text: "[terminal]\nkill_grace = \"1s\"\n", hostCPU: 1,
+			check: func(t *testing.T, c Config) {
+				if c.Session.Max.CPUs != 1 || c.Session.CPUs != 1 {
+					t.Errorf("cpus %v, max %v, want 1 and 1", c.Session.CPUs, c.Session.Max.CPUs)
+				}
+			}},
+		{name: "max cpus set above a one-CPU host", text: "[session.max]\ncpus = 2\n", hostCPU: 1, wantErr: ":2: session.max.cpus"},
 		{name: "user without gid", text: "[session]\nuser = \"1000\"\n", hostCPU: 2, wantErr: ":2: session.user"},
 		{name: "relative workspace", text: "[session]\nworkspace = \"src\"\n", hostCPU: 2, wantErr: ":2: session.workspace"},
 		{name: "bad workspace mode", text: "[session]\nworkspace_mode = \"rwx\"\n", hostCPU: 2, wantErr: ":2: session.workspace_mode"},
@@ -102,6 +118,16 @@ func TestConfigOverridesAndErrors(t *testing.T) {
 				t.Errorf("err = %v, want it to contain %q", err, file+tc.wantErr)
 			}
 		})
+	}
+}
+
+func TestDefaultConfigOnOneCPU(t *testing.T) {
+	cfg, err := LoadConfig(sandboxd.DefaultConfig, "", 1)
+	if err != nil {
+		t.Fatalf("embedded default on a one-CPU host: %v", err)
+	}
+	if cfg.Session.Max.CPUs != 1 {
+		t.Errorf("session.max.cpus = %v, want the host's 1", cfg.Session.Max.CPUs)
 	}
 }
 

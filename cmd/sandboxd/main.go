@@ -192,6 +192,9 @@ func cmdServe(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	if fs.NArg() > 0 {
 		return usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	}
+	if *listen != "stdio" && !strings.HasPrefix(*listen, "unix:") {
+		return usageError{fmt.Errorf("--listen %q: want stdio or unix:PATH", *listen)}
+	}
 	log, closeLog, err := c.logger(stderr)
 	if err != nil {
 		return err
@@ -206,29 +209,33 @@ func cmdServe(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	if err != nil {
 		return err
 	}
+	// On stdio AHP terminals share the one peer's sessions, so a person
+	// types where the agent works; the socket's peers are kept apart from
+	// each other and from AHP.
+	terms := acp.NewTerminals(m, "ahp", workspace, sandbox.SessionSpec{})
+	if *listen == "stdio" {
+		terms = acp.NewTerminals(m, "stdio", workspace, sandbox.SessionSpec{})
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	waitAHP, err := ah.start(ctx, acp.NewTerminals(m, "ahp", workspace, sandbox.SessionSpec{}), workspace, log, stderr)
+	waitAHP, err := ah.start(ctx, terms, workspace, log, stderr)
 	if err != nil {
 		return err
 	}
 	defer waitAHP()
 	defer cancel()
-	switch {
-	case *listen == "stdio":
+	if *listen == "stdio" {
 		log.Info("serving ACP on stdio")
-		return acp.Serve(ctx, stdio{stdin, stdout}, acp.NewTerminals(m, "stdio", workspace, sandbox.SessionSpec{}), log)
-	case strings.HasPrefix(*listen, "unix:"):
-		path := strings.TrimPrefix(*listen, "unix:")
-		ln, err := acp.ListenUnix(path)
-		if err != nil {
-			return err
-		}
-		defer os.Remove(path)
-		log.Info("serving ACP", "socket", path)
-		return acp.ServeListener(ctx, ln, m, workspace, log)
+		return acp.Serve(ctx, stdio{stdin, stdout}, terms, log)
 	}
-	return usageError{fmt.Errorf("--listen %q: want stdio or unix:PATH", *listen)}
+	path := strings.TrimPrefix(*listen, "unix:")
+	ln, err := acp.ListenUnix(path)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(path)
+	log.Info("serving ACP", "socket", path)
+	return acp.ServeListener(ctx, ln, m, workspace, log)
 }
 
 func defaultWorkspace(cfg sandbox.Config) (string, error) {
