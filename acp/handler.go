@@ -434,24 +434,16 @@ func (t *Terminals) openSession(ctx context.Context, params json.RawMessage) (an
 	if err := get(f, "additionalDirectories", false, &spec.ExtraDirs); err != nil {
 		return nil, err
 	}
-	parsers := []struct {
-		name  string
-		parse func(string) error
-	}{
-		{"cpus", func(s string) (err error) { spec.Limits.CPUs, err = limits.ParseCPUs(s); return }},
-		{"memory", func(s string) (err error) { spec.Limits.Memory, err = limits.ParseBytes(s); return }},
-		{"pids", func(s string) (err error) { spec.Limits.Pids, err = limits.ParsePids(s); return }},
-	}
-	for _, p := range parsers {
-		v, ok, err := scalarText(f, p.name)
+	for _, name := range []string{"cpus", "memory", "pids"} {
+		v, ok, err := scalarText(f, name)
 		if err != nil {
 			return nil, err
 		}
 		if !ok {
 			continue
 		}
-		if err := p.parse(v); err != nil {
-			return nil, invalidParams("%s: %v", p.name, err)
+		if err := spec.Limits.Set(name, v); err != nil {
+			return nil, invalidParams("%s: %v", name, err)
 		}
 	}
 	if err := t.checkWorkspace("cwd", spec.Dir); err != nil {

@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/coder/websocket"
@@ -122,33 +123,74 @@ func NewServer(ctx context.Context, cfg Config, log *slog.Logger) *Server {
 	}
 }
 
-// NewToken makes a bearer token and writes it to file, readable by its
-// owner only.
-func NewToken(file string) (string, error) {
+// NewToken makes a bearer token.
+func NewToken() (string, error) {
 	b := make([]byte, 32)
 	if _, err := rand.Read(b); err != nil {
-		return "", err
+		return "", fmt.Errorf("make token: %w", err)
 	}
-	token := hex.EncodeToString(b)
-	if err := os.MkdirAll(filepath.Dir(file), 0o700); err != nil {
-		return "", fmt.Errorf("write token: %w", err)
-	}
-	os.Remove(file)
-	if err := os.WriteFile(file, []byte(token+"\n"), 0o600); err != nil {
-		return "", fmt.Errorf("write token: %w", err)
-	}
-	return token, nil
+	return hex.EncodeToString(b), nil
 }
 
-// Listen serves on addr until ctx ends. It returns the address it listens
-// on through ready, once it does.
-func (s *Server) Listen(ctx context.Context, addr string, ready func(net.Addr)) error {
+// WriteToken writes token to file, readable by its owner only. The file
+// is written beside its final name and renamed over it, so a link planted
+// at that name is replaced, not followed; a directory that others may
+// write to and that is not sticky is refused, since they could swap the
+// file under its readers.
+func WriteToken(file, token string) error {
+	dir := filepath.Dir(file)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("write token %s: %w", file, err)
+	}
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("write token %s: %w", file, err)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if ok && int(st.Uid) != os.Getuid() && st.Uid != 0 {
+		return fmt.Errorf("write token %s: %s belongs to uid %d, not to this user", file, dir, st.Uid)
+	}
+	if fi.Mode().Perm()&0o022 != 0 && fi.Mode()&os.ModeSticky == 0 {
+		return fmt.Errorf("write token %s: others may write to %s (mode %v); choose a private directory", file, dir, fi.Mode().Perm())
+	}
+	tmp, err := os.CreateTemp(dir, ".ahp-token-*")
+	if err != nil {
+		return fmt.Errorf("write token %s: %w", file, err)
+	}
+	_, err = tmp.WriteString(token + "\n")
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), file)
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("write token %s: %w", file, err)
+	}
+	return nil
+}
+
+// RemoveToken removes file if it still holds token: another instance may
+// have written its own there since.
+func RemoveToken(file, token string) {
+	if b, err := os.ReadFile(file); err == nil && strings.TrimSpace(string(b)) == token {
+		os.Remove(file)
+	}
+}
+
+// Listen serves on addr until ctx ends. It gives the address it listens
+// on to ready before it serves anyone; an error from ready ends it.
+func (s *Server) Listen(ctx context.Context, addr string, ready func(net.Addr) error) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("ahp listen %s: %w", addr, err)
 	}
 	if ready != nil {
-		ready(ln.Addr())
+		if err := ready(ln.Addr()); err != nil {
+			ln.Close()
+			return err
+		}
 	}
 	// Connections live in ctx: hijacked ones are beyond srv.Close.
 	srv := &http.Server{Handler: s, BaseContext: func(net.Listener) context.Context { return ctx }}

@@ -136,7 +136,7 @@ func TestCrashedInstanceLeavesNothing(t *testing.T) {
 }
 
 func TestSignalRemovesContainers(t *testing.T) {
-	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP} {
 		t.Run(sig.String(), func(t *testing.T) {
 			ws := workspace(t)
 			srv := startServe(t, ws)
@@ -251,12 +251,15 @@ func TestRunPassesExitCodeAndOutput(t *testing.T) {
 	}
 }
 
-// TestRunIntoAClosedPipe: `sandboxd run ... | head -1` closes sandboxd's
-// stdout early; sandboxd must still see the command out and remove its
-// container, not die of SIGPIPE.
+// TestRunIntoAClosedPipe: `sandboxd run -- yes | head -1` closes sandboxd's
+// stdout early; as in a shell pipeline, the command ends (sandboxd exits
+// 141, 128+SIGPIPE, without dying of the signal itself) and its container
+// goes.
 func TestRunIntoAClosedPipe(t *testing.T) {
 	ws := workspace(t)
-	cmd := exec.Command(testEnv.bin, "run", "--config", testEnv.config, "--", "sh", "-c", "seq 1 1000000; echo done >&2")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, testEnv.bin, "run", "--config", testEnv.config, "--", "yes")
 	cmd.Dir = ws
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -268,13 +271,19 @@ func TestRunIntoAClosedPipe(t *testing.T) {
 		t.Fatal(err)
 	}
 	first := make([]byte, 2)
-	if _, err := io.ReadFull(out, first); err != nil || string(first) != "1\n" {
+	if _, err := io.ReadFull(out, first); err != nil || string(first) != "y\n" {
 		t.Fatalf("first line %q: %v", first, err)
 	}
 	out.Close()
 	cmd.Wait()
+	if ctx.Err() != nil {
+		t.Fatalf("sandboxd went on running the command after its reader went away; stderr %q", stderr.String())
+	}
 	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		t.Errorf("sandboxd died of %v; stderr %q", ws.Signal(), stderr.String())
+	}
+	if code := cmd.ProcessState.ExitCode(); code != 141 {
+		t.Errorf("exit code %d, want 141 (128+SIGPIPE); stderr %q", code, stderr.String())
 	}
 	assertNoContainers(t, cmd.Process.Pid)
 }

@@ -61,13 +61,16 @@ func EngineResources(r *specs.LinuxResources) container.Resources {
 		out.CpusetMems = c.Mems
 	}
 	if m := r.Memory; m != nil {
-		if m.Limit != nil {
+		// runtime-spec writes "no limit" as -1, the Engine as 0 (and it
+		// refuses a negative memory limit); swap keeps -1, which both read
+		// as unlimited.
+		if m.Limit != nil && *m.Limit > 0 {
 			out.Memory = *m.Limit
 		}
 		if m.Swap != nil {
 			out.MemorySwap = *m.Swap
 		}
-		if m.Reservation != nil {
+		if m.Reservation != nil && *m.Reservation > 0 {
 			out.MemoryReservation = *m.Reservation
 		}
 		if m.Swappiness != nil {

@@ -139,6 +139,11 @@ func TestEngineResources(t *testing.T) {
 			container.Resources{Memory: 1 << 30, MemorySwap: -1},
 		},
 		{
+			"a negative memory limit or reservation is runtime-spec's no limit, which the Engine would refuse",
+			&specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: i64(-1), Reservation: i64(-1), Swap: i64(-1)}},
+			container.Resources{MemorySwap: -1},
+		},
+		{
 			"out-of-range unsigned values are clamped",
 			&specs.LinuxResources{
 				CPU:    &specs.LinuxCPU{Shares: u64(math.MaxUint64), RealtimePeriod: u64(math.MaxUint64)},

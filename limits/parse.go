@@ -9,6 +9,52 @@ import (
 	"strings"
 )
 
+// Set parses value into the named field of l: "cpus", "memory" or "pids",
+// the names sandbox.toml, the command-line flags and
+// _sandboxd/session/open share. A value that comes to zero is refused: a
+// zero field means "not set", so "--pids 0" would otherwise quietly be the
+// default (and is no limit at all to the Engine).
+func (l *Limits) Set(field, value string) error {
+	switch field {
+	case "cpus":
+		v, err := ParseCPUs(value)
+		if err != nil {
+			return err
+		}
+		l.CPUs = v
+	case "memory":
+		v, err := ParseBytes(value)
+		if err != nil {
+			return err
+		}
+		if v == 0 {
+			return fmt.Errorf("invalid size %q: must be at least 1 byte", value)
+		}
+		l.Memory = v
+	case "pids":
+		v, err := ParsePids(value)
+		if err != nil {
+			return err
+		}
+		if v == 0 {
+			return fmt.Errorf("invalid pids limit %q: must be at least 1", value)
+		}
+		l.Pids = v
+	default:
+		return fmt.Errorf("unknown limit %q: want cpus, memory or pids", field)
+	}
+	return nil
+}
+
+// maxLen bounds what the parsers read: every valid value is far shorter,
+// and exact arithmetic on a peer's megabyte of digits would take minutes.
+const maxLen = 64
+
+// tooLong reports an input past maxLen, quoting only its start.
+func tooLong(what, s string) error {
+	return fmt.Errorf("invalid %s %.20q...: longer than %d characters", what, s, maxLen)
+}
+
 // minCPUs is the smallest CPU count accepted. At the 100ms CFS period it is
 // a 1ms quota, the least the kernel will take.
 const minCPUs = 0.01
@@ -25,6 +71,9 @@ func ParseCPUs(s string) (float64, error) {
 	t := strings.TrimSpace(s)
 	if t == "" {
 		return 0, errors.New("CPU count is empty")
+	}
+	if len(t) > maxLen {
+		return 0, tooLong("CPU count", t)
 	}
 	if strings.HasPrefix(t, "-") && isDecimal(t[1:]) {
 		return 0, fmt.Errorf("invalid CPU count %q: must be at least %v", s, minCPUs)
@@ -49,6 +98,9 @@ func ParsePids(s string) (int64, error) {
 	t := strings.TrimSpace(s)
 	if t == "" {
 		return 0, errors.New("pids limit is empty")
+	}
+	if len(t) > maxLen {
+		return 0, tooLong("pids limit", t)
 	}
 	if strings.HasPrefix(t, "-") && isDigits(t[1:]) {
 		return 0, fmt.Errorf("invalid pids limit %q: must not be negative", s)
@@ -75,6 +127,9 @@ func ParseBytes(s string) (int64, error) {
 	t := strings.TrimSpace(s)
 	if t == "" {
 		return 0, errors.New("size is empty")
+	}
+	if len(t) > maxLen {
+		return 0, tooLong("size", t)
 	}
 	if strings.HasPrefix(t, "-") {
 		return 0, fmt.Errorf("invalid size %q: must not be negative", s)

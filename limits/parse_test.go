@@ -57,7 +57,7 @@ func TestParseCPUsErrors(t *testing.T) {
 		{"1.2.3", "decimal number"},
 		{"2 cpus", "decimal number"},
 		{"10000000000", "too large"},
-		{"1" + strings.Repeat("0", 400), "too large"},
+		{"1" + strings.Repeat("0", 40), "too large"},
 	}
 	for _, tt := range tests {
 		_, err := ParseCPUs(tt.in)
@@ -209,7 +209,7 @@ func TestParseBytesErrors(t *testing.T) {
 		{"9223372036854775808", "more than the largest size"},
 		{"8192p", "more than the largest size"},
 		{"8t" + strings.Repeat("0", 10), `unknown unit`},
-		{"1" + strings.Repeat("0", 100) + "k", "more than the largest size"},
+		{"1" + strings.Repeat("0", 40) + "k", "more than the largest size"},
 	}
 	for _, tt := range tests {
 		_, err := ParseBytes(tt.in)
@@ -266,6 +266,56 @@ func TestFormatBytesRoundTrip(t *testing.T) {
 		}
 		if got != n {
 			t.Errorf("ParseBytes(FormatBytes(%d) = %q) = %d", n, s, got)
+		}
+	}
+}
+
+// TestParseLongInput: a peer may send megabytes of digits; they are refused
+// by their length, before any arithmetic on them.
+func TestParseLongInput(t *testing.T) {
+	long := strings.Repeat("9", 1<<20)
+	parsers := []struct {
+		name  string
+		parse func(string) error
+	}{
+		{"ParseBytes", func(s string) error { _, err := ParseBytes(s); return err }},
+		{"ParseCPUs", func(s string) error { _, err := ParseCPUs(s); return err }},
+		{"ParsePids", func(s string) error { _, err := ParsePids(s); return err }},
+	}
+	for _, p := range parsers {
+		for _, in := range []string{long, "1." + long, strings.Repeat("0", 65) + "1"} {
+			err := p.parse(in)
+			if err == nil || !strings.Contains(err.Error(), "longer than 64 characters") || len(err.Error()) > 200 {
+				t.Errorf("%s(%.10q... %d bytes) = %.200v, want a short error about its length", p.name, in, len(in), err)
+			}
+		}
+	}
+}
+
+func TestLimitsSet(t *testing.T) {
+	tests := []struct {
+		field, value string
+		want         Limits
+		wantErr      string
+	}{
+		{"cpus", "1.5", Limits{CPUs: 1.5}, ""},
+		{"memory", "512MiB", Limits{Memory: 512 << 20}, ""},
+		{"pids", "64", Limits{Pids: 64}, ""},
+		{"pids", "0", Limits{}, "at least 1"},
+		{"memory", "0", Limits{}, "at least 1 byte"},
+		{"memory", "0.5", Limits{}, "at least 1 byte"},
+		{"cpus", "0", Limits{}, "at least 0.01"},
+		{"pids", "-1", Limits{}, "negative"},
+		{"disk", "1g", Limits{}, "unknown limit"},
+	}
+	for _, tc := range tests {
+		var l Limits
+		err := l.Set(tc.field, tc.value)
+		if tc.wantErr == "" && err != nil || tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
+			t.Errorf("Set(%q, %q) = %v, want error containing %q", tc.field, tc.value, err, tc.wantErr)
+		}
+		if l != tc.want {
+			t.Errorf("Set(%q, %q) gave %+v, want %+v", tc.field, tc.value, l, tc.want)
 		}
 	}
 }

@@ -2,7 +2,9 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"syscall"
 )
 
@@ -10,9 +12,21 @@ import (
 // container afterwards. It returns the exit code to pass on: the command's
 // own, or 128+n when signal n ended it. When ctx ends (Ctrl-C), the command
 // is killed and its status returned as usual.
+//
+// A write to cmd.Stdout or cmd.Stderr that fails with EPIPE (the reader of
+// `sandboxd run ... | head` went away; sandboxd does not die of SIGPIPE)
+// ends the command the same way, and Run returns 128+SIGPIPE, what a
+// shell reports for a command that SIGPIPE ended.
 func Run(ctx context.Context, m *Manager, spec SessionSpec, cmd Command) (int, error) {
 	// The session must be removed even when ctx is already cancelled.
 	cleanup := context.WithoutCancel(ctx)
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	for _, w := range []*io.Writer{&cmd.Stdout, &cmd.Stderr} {
+		if *w != nil {
+			*w = pipeWriter{*w, cancel}
+		}
+	}
 	s, err := m.Open(ctx, "run\x00"+spec.ID, spec)
 	if err != nil {
 		return 0, err
@@ -35,8 +49,28 @@ func Run(ctx context.Context, m *Manager, spec SessionSpec, cmd Command) (int, e
 		if err != nil {
 			return 0, err
 		}
+		if errors.Is(context.Cause(ctx), errBrokenPipe) {
+			return 128 + int(syscall.SIGPIPE), nil
+		}
 	}
 	return ExitCode(st), nil
+}
+
+var errBrokenPipe = errors.New("output reader went away")
+
+// pipeWriter passes writes on to w and ends the run at the first that
+// fails with EPIPE.
+type pipeWriter struct {
+	w      io.Writer
+	cancel context.CancelCauseFunc
+}
+
+func (p pipeWriter) Write(b []byte) (int, error) {
+	n, err := p.w.Write(b)
+	if errors.Is(err, syscall.EPIPE) {
+		p.cancel(errBrokenPipe)
+	}
+	return n, err
 }
 
 // ExitCode is the shell's view of a status: the exit code, 128+n for a

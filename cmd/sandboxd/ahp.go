@@ -21,6 +21,8 @@ type ahpFlags struct {
 	tokenFile string
 	origins   stringList
 	maxBytes  string
+	// maxContent is maxBytes parsed by check.
+	maxContent int64
 }
 
 type stringList []string
@@ -30,9 +32,24 @@ func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
 
 func (a *ahpFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&a.listen, "ahp-listen", "", "serve the AHP terminal channel over WebSocket on `addr`, e.g. 127.0.0.1:7681")
-	fs.StringVar(&a.tokenFile, "ahp-token-file", "", "where to write the AHP bearer token (default: the user cache directory's sandboxd/ahp-token)")
+	fs.StringVar(&a.tokenFile, "ahp-token-file", "", "where to write the AHP bearer token (default: the user cache directory's sandboxd/ahp-token-PORT)")
 	fs.Var(&a.origins, "ahp-origin", "a browser origin host allowed to connect, e.g. localhost:3000 (repeatable)")
 	fs.StringVar(&a.maxBytes, "ahp-max-content", "1MiB", "content kept per terminal")
+}
+
+// check parses the flags' values, before anything is started.
+func (a *ahpFlags) check() error {
+	max, err := parseSize(a.maxBytes)
+	if err != nil {
+		return usageError{fmt.Errorf("--ahp-max-content: %w", err)}
+	}
+	// Content is held in memory per terminal: zero would keep nothing to
+	// show a client that subscribes, and past 1GiB it bounds nothing.
+	if max < 1<<10 || max > 1<<30 {
+		return usageError{fmt.Errorf("--ahp-max-content: %s must be from 1KiB to 1GiB", a.maxBytes)}
+	}
+	a.maxContent = max
+	return nil
 }
 
 // start serves AHP in the background when --ahp-listen is set. Terminals
@@ -41,30 +58,27 @@ func (a *ahpFlags) start(ctx context.Context, terms *acp.Terminals, workspace st
 	if a.listen == "" {
 		return func() {}, nil
 	}
-	max, err := parseSize(a.maxBytes)
-	if err != nil {
-		return nil, usageError{fmt.Errorf("--ahp-max-content: %w", err)}
-	}
-	file := a.tokenFile
-	if file == "" {
-		dir, err := os.UserCacheDir()
-		if err != nil {
-			dir = os.TempDir()
-		}
-		file = filepath.Join(dir, "sandboxd", "ahp-token")
-	}
-	token, err := ahp.NewToken(file)
+	token, err := ahp.NewToken()
 	if err != nil {
 		return nil, err
 	}
-	srv := ahp.NewServer(ctx, ahp.Config{Token: token, Origins: a.origins, MaxContent: int(max), Workspace: workspace, Sessions: terms.SessionFor}, log.With("ahp", a.listen))
+	srv := ahp.NewServer(ctx, ahp.Config{Token: token, Origins: a.origins, MaxContent: int(a.maxContent), Workspace: workspace, Sessions: terms.SessionFor}, log.With("ahp", a.listen))
+	var file string
 	ready := make(chan error, 1)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		err := srv.Listen(ctx, a.listen, func(addr net.Addr) {
+		err := srv.Listen(ctx, a.listen, func(addr net.Addr) error {
+			var err error
+			if file, err = a.tokenPath(addr); err != nil {
+				return err
+			}
+			if err := ahp.WriteToken(file, token); err != nil {
+				return err
+			}
 			fmt.Fprintf(stderr, "sandboxd: AHP terminal channel on ws://%s/ (bearer token in %s)\n", addr, file)
 			ready <- nil
+			return nil
 		})
 		if err != nil {
 			ready <- err
@@ -74,5 +88,28 @@ func (a *ahpFlags) start(ctx context.Context, terms *acp.Terminals, workspace st
 	if err := <-ready; err != nil {
 		return nil, err
 	}
-	return func() { <-done }, nil
+	return func() {
+		<-done
+		ahp.RemoveToken(file, token)
+	}, nil
+}
+
+// tokenPath is --ahp-token-file, else a file in the user's cache
+// directory named by the port, so that instances on two ports do not
+// overwrite each other's token.
+func (a *ahpFlags) tokenPath(addr net.Addr) (string, error) {
+	if a.tokenFile != "" {
+		return a.tokenFile, nil
+	}
+	dir, err := os.UserCacheDir()
+	if err != nil {
+		// No shared fallback such as /tmp: another user could read or
+		// swap the token there.
+		return "", fmt.Errorf("no place for the AHP token (%v): set --ahp-token-file", err)
+	}
+	port := 0
+	if t, ok := addr.(*net.TCPAddr); ok {
+		port = t.Port
+	}
+	return filepath.Join(dir, "sandboxd", fmt.Sprintf("ahp-token-%d", port)), nil
 }

@@ -50,8 +50,16 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	// SIGHUP too: closing the terminal sandboxd runs in must not leave
+	// its containers behind.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
+	// The first signal starts an orderly shutdown; a second one, for a
+	// shutdown that hangs on the engine, kills sandboxd the usual way.
+	go func() {
+		<-ctx.Done()
+		stop()
+	}()
 	// A write to a peer or pipe that went away must fail, not kill
 	// sandboxd before it removed its containers. Notify rather than
 	// Ignore: an ignored SIGPIPE would be inherited by what it starts.
@@ -78,6 +86,9 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
+	if errors.As(err, new(flagError)) {
+		return 2
+	}
 	if err != nil {
 		var usageErr usageError
 		if errors.As(err, &usageErr) {
@@ -91,6 +102,20 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 }
 
 type usageError struct{ error }
+
+// flagError is a bad flag, which the flag package has already reported
+// together with the command's usage.
+type flagError struct{ error }
+
+// parseFlags parses args into fs; -h is flag.ErrHelp, a bad flag a
+// flagError.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	err := fs.Parse(args)
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
+		return flagError{err}
+	}
+	return err
+}
 
 // newFlagSet returns a flag set whose -h prints the command's synopsis and
 // what it does before its flags.
@@ -186,13 +211,16 @@ func cmdServe(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	listen := fs.String("listen", "stdio", "where to serve ACP: stdio, or unix:PATH")
 	var ah ahpFlags
 	ah.register(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	}
-	if *listen != "stdio" && !strings.HasPrefix(*listen, "unix:") {
+	if err := ah.check(); err != nil {
+		return err
+	}
+	if *listen != "stdio" && (!strings.HasPrefix(*listen, "unix:") || *listen == "unix:") {
 		return usageError{fmt.Errorf("--listen %q: want stdio or unix:PATH", *listen)}
 	}
 	log, closeLog, err := c.logger(stderr)
@@ -262,34 +290,19 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) (int, 
 		"Runs one command in a fresh sandbox with the current directory as its\nworkspace, streams its output and exits with its exit code (128+n for\nsignal n). The container is removed afterwards.", stderr)
 	var c common
 	c.register(fs, "warn")
-	cpus := fs.String("cpus", "", "CPUs, e.g. 1.5 (default from config)")
-	memory := fs.String("memory", "", "memory, e.g. 512MiB (default from config)")
-	pids := fs.String("pids", "", "maximum processes (default from config)")
-	network := fs.String("network", "", "network: none, or the configured network")
-	image := fs.String("image", "", "image (default from config)")
-	if err := fs.Parse(args); err != nil {
+	var sf sessionFlags
+	sf.register(fs)
+	if err := parseFlags(fs, args); err != nil {
 		return 0, err
 	}
 	if fs.NArg() == 0 {
 		return 0, usageError{errors.New("no command given: sandboxd run [flags] -- CMD [ARGS...]")}
 	}
-	spec := sandbox.SessionSpec{ID: "run", Image: *image, Network: *network}
-	var err error
-	if *cpus != "" {
-		if spec.Limits.CPUs, err = limits.ParseCPUs(*cpus); err != nil {
-			return 0, usageError{fmt.Errorf("--cpus: %w", err)}
-		}
+	spec, err := sf.spec()
+	if err != nil {
+		return 0, err
 	}
-	if *memory != "" {
-		if spec.Limits.Memory, err = limits.ParseBytes(*memory); err != nil {
-			return 0, usageError{fmt.Errorf("--memory: %w", err)}
-		}
-	}
-	if *pids != "" {
-		if spec.Limits.Pids, err = limits.ParsePids(*pids); err != nil {
-			return 0, usageError{fmt.Errorf("--pids: %w", err)}
-		}
-	}
+	spec.ID = "run"
 	wd, err := os.Getwd()
 	if err != nil {
 		return 0, err
@@ -300,7 +313,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) (int, 
 		return 0, err
 	}
 	defer closeLog()
-	m, err := c.setup(ctx, stderr, log, *image)
+	m, err := c.setup(ctx, stderr, log, spec.Image)
 	if err != nil {
 		return 0, err
 	}
@@ -311,14 +324,21 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) (int, 
 }
 
 func cmdImage(ctx context.Context, args []string, stderr io.Writer) error {
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+		fmt.Fprintln(stderr, "Usage: sandboxd image build [--ref REF]")
+		return flag.ErrHelp
+	}
 	if len(args) == 0 || args[0] != "build" {
 		return usageError{errors.New("usage: sandboxd image build [--ref REF]")}
 	}
 	fs := newFlagSet("image build", "image build [--ref REF]",
 		"Builds the base image from Debian's busybox-static and bash-static packages,\nreproducibly and without a registry.", stderr)
 	ref := fs.String("ref", images.DefaultRef, "image reference to build")
-	if err := fs.Parse(args[1:]); err != nil {
+	if err := parseFlags(fs, args[1:]); err != nil {
 		return err
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	}
 	cli, err := engineClient()
 	if err != nil {
@@ -333,8 +353,11 @@ func cmdGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("gc", "gc [--all]",
 		"Removes the containers of sandboxd instances that are no longer running\n(every start does this too).", stderr)
 	all := fs.Bool("all", false, "remove every sandboxd container, even of instances still running")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	}
 	cli, err := engineClient()
 	if err != nil {

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/acp"
-	"github.com/sandboxd/sandboxd/limits"
 	"github.com/sandboxd/sandboxd/sandbox"
 )
 
@@ -26,11 +25,14 @@ func cmdWrap(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	sf.register(fs)
 	var ah ahpFlags
 	ah.register(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return 0, err
 	}
 	if fs.NArg() == 0 {
 		return 0, usageError{errors.New("no agent given: sandboxd wrap [flags] -- AGENT [ARGS...]")}
+	}
+	if err := ah.check(); err != nil {
+		return 0, err
 	}
 	defaults, err := sf.spec()
 	if err != nil {
@@ -99,20 +101,12 @@ func (f *sessionFlags) register(fs *flag.FlagSet) {
 
 func (f *sessionFlags) spec() (sandbox.SessionSpec, error) {
 	spec := sandbox.SessionSpec{Image: f.image, Network: f.network}
-	parsers := []struct {
-		name, value string
-		parse       func(string) error
-	}{
-		{"cpus", f.cpus, func(v string) (err error) { spec.Limits.CPUs, err = limits.ParseCPUs(v); return }},
-		{"memory", f.memory, func(v string) (err error) { spec.Limits.Memory, err = limits.ParseBytes(v); return }},
-		{"pids", f.pids, func(v string) (err error) { spec.Limits.Pids, err = limits.ParsePids(v); return }},
-	}
-	for _, p := range parsers {
-		if p.value == "" {
+	for _, f := range []struct{ name, value string }{{"cpus", f.cpus}, {"memory", f.memory}, {"pids", f.pids}} {
+		if f.value == "" {
 			continue
 		}
-		if err := p.parse(p.value); err != nil {
-			return spec, usageError{fmt.Errorf("--%s: %w", p.name, err)}
+		if err := spec.Limits.Set(f.name, f.value); err != nil {
+			return spec, usageError{fmt.Errorf("--%s: %w", f.name, err)}
 		}
 	}
 	return spec, nil

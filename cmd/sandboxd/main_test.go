@@ -1,0 +1,47 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+// TestCommandLineErrors: a mistake on the command line exits 2 with one
+// message that names it, before anything touches the engine.
+func TestCommandLineErrors(t *testing.T) {
+	tests := []struct {
+		args []string
+		code int
+		want string // in stderr, once
+	}{
+		{[]string{"serve", "--bogus"}, 2, "flag provided but not defined: -bogus"},
+		{[]string{"run", "--pids", "0", "--", "true"}, 2, "--pids: invalid pids limit \"0\": must be at least 1"},
+		{[]string{"run", "--memory", "0.5", "--", "true"}, 2, "--memory: invalid size \"0.5\": must be at least 1 byte"},
+		{[]string{"wrap", "--pids", "0", "--", "true"}, 2, "--pids: invalid pids limit \"0\""},
+		{[]string{"run", "--memory", strings.Repeat("9", 1000), "--", "true"}, 2, "longer than 64 characters"},
+		{[]string{"serve", "--listen", "unix:"}, 2, "--listen \"unix:\": want stdio or unix:PATH"},
+		{[]string{"serve", "--listen", "tcp:1"}, 2, "--listen \"tcp:1\""},
+		{[]string{"serve", "--ahp-listen", "127.0.0.1:0", "--ahp-max-content", "0"}, 2, "--ahp-max-content: 0 must be from 1KiB to 1GiB"},
+		{[]string{"wrap", "--ahp-max-content", "2GiB", "--", "true"}, 2, "--ahp-max-content: 2GiB must be from 1KiB to 1GiB"},
+		{[]string{"image", "build", "extra", "--ref", "x"}, 2, "unexpected argument \"extra\""},
+		{[]string{"gc", "extra"}, 2, "unexpected argument \"extra\""},
+		{[]string{"image", "-h"}, 0, "Usage: sandboxd image build"},
+		{[]string{"gc", "-h"}, 0, "Usage: sandboxd gc"},
+		{[]string{"nope"}, 2, "unknown command \"nope\""},
+	}
+	for _, tc := range tests {
+		t.Run(strings.Join(tc.args, " ")[:min(40, len(strings.Join(tc.args, " ")))], func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			code := run(tc.args, strings.NewReader(""), &stdout, &stderr)
+			if code != tc.code {
+				t.Errorf("exit code %d, want %d; stderr %q", code, tc.code, stderr.String())
+			}
+			if n := strings.Count(stderr.String(), tc.want); n != 1 {
+				t.Errorf("stderr has %q %d times, want once:\n%s", tc.want, n, stderr.String())
+			}
+			if stdout.Len() > 0 {
+				t.Errorf("stdout %q, want nothing", stdout.String())
+			}
+		})
+	}
+}
