@@ -236,3 +236,18 @@ func TestOutputByteLimitOutOfRange(t *testing.T) {
 		})
 	}
 }
+
+// TestRunRefusesHostRuntimeDirectories: `cd /run && sandboxd run ...` would
+// bind-mount the engine's socket into the sandbox; it is refused, and so
+// is the host's root.
+func TestRunRefusesHostRuntimeDirectories(t *testing.T) {
+	for _, dir := range []string{"/run", "/"} {
+		cmd := exec.Command(testEnv.bin, "run", "--config", testEnv.config, "--", "true")
+		cmd.Dir = dir
+		out, err := cmd.CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "workspace: \""+dir+"\"") {
+			t.Errorf("run in %s: %v, %s; want it refused, naming the workspace", dir, err, out)
+		}
+		assertNoContainers(t, cmd.Process.Pid)
+	}
+}

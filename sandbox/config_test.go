@@ -195,3 +195,44 @@ func TestExitCode(t *testing.T) {
 		}
 	}
 }
+
+func TestCheckMountSource(t *testing.T) {
+	dir := t.TempDir()
+	project := filepath.Join(dir, "project")
+	sockDir := filepath.Join(dir, "engine")
+	for _, d := range []string{project, sockDir} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sock := filepath.Join(sockDir, "docker.sock")
+	if err := os.WriteFile(sock, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(project, "to-run")
+	if err := os.Symlink("/run", link); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		dir, want string // want: "" loads
+	}{
+		{project, ""},
+		{"/", "host's root directory"},
+		{"/run", "the host's /run"},
+		{"/var/run", "the host's /run"},
+		{"/proc/self/root", "host's root directory"},
+		{"/proc/self", "the host's /proc"},
+		{"/sys/fs/cgroup", "the host's /sys"},
+		{"/dev/shm", "the host's /dev"},
+		{link, "the host's /run"},
+		{dir, "Docker Engine's socket"},
+		{sockDir, "Docker Engine's socket"},
+		{filepath.Join(dir, "missing"), "no such file"},
+	}
+	for _, tc := range tests {
+		err := checkMountSource(tc.dir, sock)
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("checkMountSource(%q) = %v, want %q", tc.dir, err, tc.want)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -105,6 +106,15 @@ func NewManager(ctx context.Context, cli *client.Client, cfg Config, log *slog.L
 		go m.reapIdle(d)
 	}
 	return m, nil
+}
+
+// engineSocket is the path of the engine's unix socket, or "" when the
+// engine is reached otherwise.
+func (m *Manager) engineSocket() string {
+	if h, ok := strings.CutPrefix(m.cli.DaemonHost(), "unix://"); ok {
+		return h
+	}
+	return ""
 }
 
 // Config returns the configuration the manager runs with.

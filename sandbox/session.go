@@ -200,6 +200,33 @@ func checkDir(spec SessionSpec) (string, error) {
 	return "", fmt.Errorf("%w: cwd: %q is outside the session's workspace %s", ErrInvalid, spec.Dir, spec.Workspace)
 }
 
+// checkMountSource refuses to bind-mount dir when it is, holds or lies in
+// one of the host's kernel and runtime directories, or holds the engine's
+// socket: `cd /run && sandboxd run ...` must not hand the engine to the
+// command. Links are resolved first, as the mount will.
+func checkMountSource(dir, engineSocket string) error {
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return fmt.Errorf("%w: workspace: %v", ErrInvalid, err)
+	}
+	if real == "/" {
+		return fmt.Errorf("%w: workspace: %q is the host's root directory; run sandboxd in a project directory", ErrInvalid, dir)
+	}
+	// The host's kernel and runtime directories: /run holds the sockets
+	// of the engine, containerd and the system bus, each a way out.
+	for _, h := range []string{"/proc", "/sys", "/dev", "/run"} {
+		if Within(real, h) || Within(h, real) {
+			return fmt.Errorf("%w: workspace: %q is or holds the host's %s, which no sandbox may see", ErrInvalid, dir, h)
+		}
+	}
+	if engineSocket != "" {
+		if sock, err := filepath.EvalSymlinks(engineSocket); err == nil && Within(real, sock) {
+			return fmt.Errorf("%w: workspace: %q holds the Docker Engine's socket %s, which would give commands the engine", ErrInvalid, dir, sock)
+		}
+	}
+	return nil
+}
+
 // sessionUser picks the uid:gid commands run as: the configured user, else
 // the owner of the workspace, else (root owns it) the fallback user.
 func sessionUser(c SessionConfig, workspace string) (string, error) {
@@ -234,6 +261,11 @@ func (s *Session) start(ctx context.Context) error {
 	for _, d := range spec.ExtraDirs {
 		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
 			return fmt.Errorf("open session %s: %w: additionalDirectories: %q is not a directory", s.ID, ErrInvalid, d)
+		}
+	}
+	for _, d := range append([]string{spec.Workspace}, spec.ExtraDirs...) {
+		if err := checkMountSource(d, m.engineSocket()); err != nil {
+			return fmt.Errorf("open session %s: %w", s.ID, err)
 		}
 	}
 	s.user = user
