@@ -3,6 +3,7 @@ package images
 import (
 	"archive/tar"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -10,12 +11,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
@@ -36,7 +40,10 @@ type Builder struct {
 	// Progress gets short human-readable progress lines; may be nil.
 	Progress io.Writer
 	// CacheDir keeps downloaded .deb files between builds; empty means
-	// the user cache directory.
+	// sandboxd/debs in the user cache directory, or, when there is none, a
+	// private directory for one build only. A directory that someone else
+	// owns or can write to is refused: the busybox in the .deb files there
+	// is run on the host.
 	CacheDir string
 }
 
@@ -110,36 +117,231 @@ func (b *Builder) Build(ctx context.Context, ref string) (Result, error) {
 	return Result{ID: id, LayerDigest: diffID, Size: int64(layer.Len())}, nil
 }
 
+// aptArchiveDir is where apt keeps the .deb files it downloaded; using them
+// saves a download on hosts that installed the packages already.
+const aptArchiveDir = "/var/cache/apt/archives"
+
 // rootfs unpacks the packages and lays out the image's files.
 func (b *Builder) rootfs(ctx context.Context) ([]Entry, error) {
-	staging, err := os.MkdirTemp("", "sandboxd-image-")
+	cache, temporary, err := b.cacheDir()
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(staging)
-	for _, pkg := range Packages() {
-		deb, err := b.deb(ctx, pkg)
-		if err != nil {
-			return nil, err
-		}
-		if out, err := exec.CommandContext(ctx, "dpkg-deb", "-x", deb, staging).CombinedOutput(); err != nil {
-			return nil, fmt.Errorf("unpack %s: %v: %s", filepath.Base(deb), err, out)
+	if temporary {
+		defer os.RemoveAll(cache)
+	}
+	d := &debs{
+		cache:     cache,
+		temporary: temporary,
+		archives:  b.trustedArchives(aptArchiveDir),
+		arch:      hostDebArch(ctx),
+		uid:       os.Getuid(),
+		download:  aptGetDownload,
+		progress:  b.progress,
+	}
+	return d.rootfs(ctx)
+}
+
+// cacheDir returns the checked, symlink-free directory that .deb files are
+// kept in; temporary says it was made for this build only and is to be
+// removed after it.
+func (b *Builder) cacheDir() (dir string, temporary bool, err error) {
+	dir = b.CacheDir
+	if dir == "" {
+		base, uerr := os.UserCacheDir()
+		if uerr != nil {
+			// A shared fallback such as /tmp/sandboxd could be made first by
+			// another local user, who would then choose the busybox this
+			// process runs and bakes into the image: only a fresh private
+			// directory is safe.
+			dir, err = os.MkdirTemp("", "sandboxd-debs-")
+			if err != nil {
+				return "", false, fmt.Errorf("make a private cache dir: %w", err)
+			}
+			temporary = true
+			b.progress("no user cache dir (%v); keeping .deb files in %s for this build only", uerr, dir)
+		} else {
+			dir = filepath.Join(base, "sandboxd", "debs")
 		}
 	}
-	busybox, err := os.ReadFile(filepath.Join(staging, "bin", "busybox"))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", false, fmt.Errorf("make cache dir: %w", err)
+	}
+	real, err := checkPrivateDir(dir, os.Getuid())
+	if err != nil {
+		if temporary {
+			os.RemoveAll(dir)
+		}
+		return "", false, fmt.Errorf("cache dir: %w (use a directory only you can write to)", err)
+	}
+	return real, temporary, nil
+}
+
+// trustedArchives returns dir, resolved, if only root can change what is in
+// it, else "" (apt's archive is then not used).
+func (b *Builder) trustedArchives(dir string) string {
+	real, err := checkPrivateDir(dir, 0)
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			b.progress("not using apt's archive: %v", err)
+		}
+		return ""
+	}
+	return real
+}
+
+// checkPrivateDir refuses dir unless nobody but uid (and root) can change
+// what it holds: the .deb files in it are unpacked and their busybox is run
+// on the host. So dir must be owned by uid and not writable by others, and
+// each of its parents owned by uid or root and either not writable by
+// others or sticky (otherwise another user could rename dir away and put
+// their own in its place). It returns dir absolute and with symlinks
+// resolved, so that a symlink changed later does not matter.
+func checkPrivateDir(dir string, uid int) (string, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", err
+	}
+	real, err := filepath.EvalSymlinks(abs)
+	if err != nil {
+		return "", err
+	}
+	fi, err := os.Stat(real)
+	if err != nil {
+		return "", err
+	}
+	if !fi.IsDir() {
+		return "", fmt.Errorf("refusing %s: not a directory", dir)
+	}
+	if owner := ownerOf(fi); owner != uid {
+		return "", fmt.Errorf("refusing %s: owned by uid %d, not by uid %d", dir, owner, uid)
+	}
+	// Group-writable is left alone: with a private group per user and
+	// umask 002 (Debian's and Fedora's habit) everything a user makes is.
+	if fi.Mode().Perm()&0o002 != 0 {
+		return "", fmt.Errorf("refusing %s: writable by others (mode %04o)", dir, fi.Mode().Perm())
+	}
+	for p := filepath.Dir(real); ; p = filepath.Dir(p) {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return "", err
+		}
+		if owner := ownerOf(fi); owner != uid && owner != 0 {
+			return "", fmt.Errorf("refusing %s: its parent %s is owned by uid %d, who could replace it", dir, p, owner)
+		}
+		if fi.Mode().Perm()&0o002 != 0 && fi.Mode()&fs.ModeSticky == 0 {
+			return "", fmt.Errorf("refusing %s: its parent %s is writable by others and not sticky (mode %04o), so they could replace it", dir, p, fi.Mode().Perm())
+		}
+		if p == filepath.Dir(p) {
+			return real, nil
+		}
+	}
+}
+
+// checkDeb refuses a .deb that is not a regular file owned by uid and
+// writable by nobody else, since its contents end up run on the host.
+func checkDeb(path string, uid int) error {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return err
+	}
+	if !fi.Mode().IsRegular() {
+		return fmt.Errorf("refusing %s: not a regular file", path)
+	}
+	if owner := ownerOf(fi); owner != uid {
+		return fmt.Errorf("refusing %s: owned by uid %d, not by uid %d", path, owner, uid)
+	}
+	if fi.Mode().Perm()&0o002 != 0 {
+		return fmt.Errorf("refusing %s: writable by others (mode %04o)", path, fi.Mode().Perm())
+	}
+	return nil
+}
+
+// ownerOf is the uid owning a file; -1 when the system does not say.
+func ownerOf(fi fs.FileInfo) int {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return int(st.Uid)
+	}
+	return -1
+}
+
+// debs finds, checks, downloads and unpacks the .deb files of one build.
+type debs struct {
+	cache     string // checked by checkPrivateDir
+	temporary bool   // cache is removed after the build
+	archives  string // apt's archive if trusted, or ""
+	arch      string // Debian architecture, e.g. "amd64"
+	uid       int    // who must own the files in cache
+	// download puts pkg's .deb into dir; tests replace apt-get with it.
+	download func(ctx context.Context, dir, pkg string) error
+	progress func(format string, args ...any)
+}
+
+// rootfs unpacks the packages and lays out the image's files.
+func (d *debs) rootfs(ctx context.Context) ([]Entry, error) {
+	// The cache is private and checked, and unlike TMPDIR it is seldom on
+	// a noexec mount, where the staged busybox could not be run.
+	staging, err := os.MkdirTemp(d.cache, ".staging-")
+	if err != nil {
+		// For instance a read-only cache filled in advance.
+		staging, err = os.MkdirTemp("", "sandboxd-image-")
+		if err != nil {
+			return nil, fmt.Errorf("make staging dir: %w", err)
+		}
+	}
+	defer os.RemoveAll(staging)
+	for _, pkg := range Packages() {
+		if err := d.unpack(ctx, pkg, filepath.Join(staging, pkg)); err != nil {
+			return nil, err
+		}
+	}
+	busyboxPath, err := findBinary(filepath.Join(staging, "busybox-static"), "busybox")
 	if err != nil {
 		return nil, fmt.Errorf("busybox-static: %w", err)
 	}
-	bash, err := os.ReadFile(filepath.Join(staging, "bin", "bash-static"))
+	bashPath, err := findBinary(filepath.Join(staging, "bash-static"), "bash-static")
 	if err != nil {
 		return nil, fmt.Errorf("bash-static: %w", err)
 	}
-	// The static busybox runs on the host too; ask it for its applets.
-	list, err := exec.CommandContext(ctx, filepath.Join(staging, "bin", "busybox"), "--list-full").Output()
+	busybox, err := os.ReadFile(busyboxPath)
 	if err != nil {
-		return nil, fmt.Errorf("list busybox applets: %w", err)
+		return nil, fmt.Errorf("busybox-static: %w", err)
 	}
-	return layout(busybox, bash, strings.Fields(string(list))), nil
+	bash, err := os.ReadFile(bashPath)
+	if err != nil {
+		return nil, fmt.Errorf("bash-static: %w", err)
+	}
+	applets, err := listApplets(ctx, busyboxPath, staging)
+	if err != nil {
+		return nil, err
+	}
+	return layout(busybox, bash, applets), nil
+}
+
+// findBinary returns the path of name in a package unpacked at root. Debian
+// trixie forbids files in /bin, so its packages put them in usr/bin; older
+// releases used bin.
+func findBinary(root, name string) (string, error) {
+	for _, dir := range []string{"usr/bin", "bin"} {
+		p := filepath.Join(root, dir, name)
+		if fi, err := os.Lstat(p); err == nil && fi.Mode().IsRegular() {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("the package has no regular file usr/bin/%s or bin/%s", name, name)
+}
+
+// listApplets asks the staged static busybox, which runs on the host too,
+// for its applets.
+func listApplets(ctx context.Context, busybox, staging string) ([]string, error) {
+	out, err := exec.CommandContext(ctx, busybox, "--list-full").Output()
+	if errors.Is(err, syscall.EACCES) {
+		return nil, fmt.Errorf("list busybox-static's applets: %w: the staging dir %s is on a noexec mount; set XDG_CACHE_HOME (or Builder.CacheDir) to a directory on a mount that allows running programs", err, staging)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list busybox-static's applets: %w", err)
+	}
+	return strings.Fields(string(out)), nil
 }
 
 // layout is the base image's file tree: busybox with a link for each
@@ -178,49 +380,265 @@ func layout(busybox, bash []byte, applets []string) []Entry {
 	return entries
 }
 
-// deb returns the path of a package's .deb: from the cache, from apt's own
-// archive, or downloaded with apt-get into the cache.
-func (b *Builder) deb(ctx context.Context, pkg string) (string, error) {
-	dir := b.CacheDir
-	if dir == "" {
-		base, err := os.UserCacheDir()
-		if err != nil {
-			base = os.TempDir()
+// unpack unpacks pkg's .deb into dest, from the cache or apt's archive if
+// there, else downloaded.
+func (d *debs) unpack(ctx context.Context, pkg, dest string) error {
+	deb, err := d.cached(pkg)
+	if err != nil {
+		return err
+	}
+	if deb == "" {
+		if deb, err = d.fetch(ctx, pkg); err != nil {
+			return err
 		}
-		dir = filepath.Join(base, "sandboxd", "debs")
+		return extract(ctx, pkg, deb, dest)
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", err
+	err = extract(ctx, pkg, deb, dest)
+	var exit *exec.ExitError
+	if err == nil || !errors.As(err, &exit) || ctx.Err() != nil {
+		return err
 	}
-	for _, d := range []string{dir, "/var/cache/apt/archives"} {
-		if m, _ := filepath.Glob(filepath.Join(d, pkg+"_*_"+debArch()+".deb")); len(m) > 0 {
-			sort.Strings(m)
-			return m[len(m)-1], nil
+	// A .deb cut short by an interrupted download, say, would otherwise
+	// break every build from now on.
+	d.progress("%s does not unpack (%v); downloading %s again", deb, err, pkg)
+	if filepath.Dir(deb) == d.cache {
+		if err := os.Remove(deb); err != nil {
+			return fmt.Errorf("unpack %s: remove the damaged %s: %w", pkg, deb, err)
 		}
 	}
-	b.progress("downloading %s with apt-get", pkg)
+	if err := os.RemoveAll(dest); err != nil {
+		return fmt.Errorf("unpack %s: %w", pkg, err)
+	}
+	if deb, err = d.fetch(ctx, pkg); err != nil {
+		return err
+	}
+	return extract(ctx, pkg, deb, dest)
+}
+
+func extract(ctx context.Context, pkg, deb, dest string) error {
+	if err := os.MkdirAll(dest, 0o700); err != nil {
+		return fmt.Errorf("unpack %s: %w", pkg, err)
+	}
+	out, err := exec.CommandContext(ctx, "dpkg-deb", "-x", deb, dest).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("unpack %s: dpkg-deb -x %s: %w: %s", pkg, deb, err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+// cached returns the newest usable .deb of pkg in the cache or apt's
+// archive, the cache's on a tie, or "" if there is none.
+func (d *debs) cached(pkg string) (string, error) {
+	paths, err := listDebs(d.cache, pkg, d.arch, d.uid, true)
+	if err != nil {
+		return "", fmt.Errorf("find %s: %w", pkg, err)
+	}
+	if d.archives != "" {
+		// What root did not put there is ignored, not an error: it is
+		// apt's directory, not ours.
+		more, _ := listDebs(d.archives, pkg, d.arch, 0, false)
+		paths = append(paths, more...)
+	}
+	return newestDeb(paths), nil
+}
+
+// fetch downloads pkg into the cache and returns its .deb.
+func (d *debs) fetch(ctx context.Context, pkg string) (string, error) {
+	d.progress("downloading %s with apt-get", pkg)
+	if err := d.download(ctx, d.cache, pkg); err != nil {
+		if errors.Is(err, exec.ErrNotFound) {
+			if d.temporary {
+				return "", fmt.Errorf("download %s: apt-get is not installed; set HOME or XDG_CACHE_HOME and put %s_*_%s.deb in its sandboxd/debs", pkg, pkg, d.arch)
+			}
+			return "", fmt.Errorf("download %s: apt-get is not installed; put %s_*_%s.deb in %s", pkg, pkg, d.arch, d.cache)
+		}
+		return "", fmt.Errorf("download %s: %w", pkg, err)
+	}
+	paths, err := listDebs(d.cache, pkg, d.arch, d.uid, true)
+	if err != nil {
+		return "", fmt.Errorf("download %s: %w", pkg, err)
+	}
+	if len(paths) == 0 {
+		return "", fmt.Errorf("download %s: apt-get left no %s_*_%s.deb in %s", pkg, pkg, d.arch, d.cache)
+	}
+	return newestDeb(paths), nil
+}
+
+// aptGetDownload downloads pkg's .deb for the native architecture into dir.
+func aptGetDownload(ctx context.Context, dir, pkg string) error {
 	cmd := exec.CommandContext(ctx, "apt-get", "download", pkg)
 	cmd.Dir = dir
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		if errors.Is(err, exec.ErrNotFound) {
-			return "", fmt.Errorf("download %s: apt-get is not installed; put %s_*.deb in %s", pkg, pkg, dir)
-		}
-		return "", fmt.Errorf("download %s: %v: %s (if the package is unknown, run `apt-get update` first)", pkg, err, bytes.TrimSpace(out))
+		return fmt.Errorf("apt-get download: %w: %s (if the package is unknown, run `apt-get update` first)", err, bytes.TrimSpace(out))
 	}
-	m, _ := filepath.Glob(filepath.Join(dir, pkg+"_*_"+debArch()+".deb"))
-	if len(m) == 0 {
-		return "", fmt.Errorf("download %s: apt-get left no .deb in %s", pkg, dir)
-	}
-	sort.Strings(m)
-	return m[len(m)-1], nil
+	return nil
 }
 
-func debArch() string {
-	if runtime.GOARCH == "arm" {
-		return "armhf"
+// listDebs returns the paths of pkg's .deb files for arch in dir that pass
+// checkDeb for owner. A file that does not is an error when strict, else
+// left out.
+func listDebs(dir, pkg, arch string, owner int, strict bool) ([]string, error) {
+	// Not filepath.Glob: dir may hold glob metacharacters.
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
 	}
-	return runtime.GOARCH
+	var paths []string
+	for _, e := range ents {
+		name := e.Name()
+		if !strings.HasPrefix(name, pkg+"_") || !strings.HasSuffix(name, "_"+arch+".deb") {
+			continue
+		}
+		p := filepath.Join(dir, name)
+		if err := checkDeb(p, owner); err != nil {
+			if strict {
+				return nil, err
+			}
+			continue
+		}
+		paths = append(paths, p)
+	}
+	return paths, nil
+}
+
+// newestDeb returns the path of the .deb with the highest version, the
+// first one of those on a tie, or "" for none.
+func newestDeb(paths []string) string {
+	best, bestVersion := "", ""
+	for _, p := range paths {
+		v := debVersion(p)
+		if best == "" || compareVersions(v, bestVersion) > 0 {
+			best, bestVersion = p, v
+		}
+	}
+	return best
+}
+
+// debVersion is the version in a .deb's file name, package_version_arch.deb,
+// which apt writes with the epoch's ':' escaped as "%3a".
+func debVersion(path string) string {
+	parts := strings.Split(strings.TrimSuffix(filepath.Base(path), ".deb"), "_")
+	if len(parts) != 3 {
+		return ""
+	}
+	v, err := url.PathUnescape(parts[1])
+	if err != nil {
+		return parts[1]
+	}
+	return v
+}
+
+// compareVersions compares two Debian versions, [epoch:]upstream[-revision],
+// as dpkg does, returning -1, 0 or +1.
+func compareVersions(a, b string) int {
+	ae, au, ar := splitVersion(a)
+	be, bu, br := splitVersion(b)
+	if c := compareVersionPart(ae, be); c != 0 {
+		return c
+	}
+	if c := compareVersionPart(au, bu); c != 0 {
+		return c
+	}
+	return compareVersionPart(ar, br)
+}
+
+// splitVersion splits at the first ':' and the last '-', as dpkg does.
+func splitVersion(v string) (epoch, upstream, revision string) {
+	if i := strings.IndexByte(v, ':'); i >= 0 {
+		epoch, v = v[:i], v[i+1:]
+	}
+	if i := strings.LastIndexByte(v, '-'); i >= 0 {
+		v, revision = v[:i], v[i+1:]
+	}
+	return epoch, v, revision
+}
+
+// compareVersionPart is dpkg's verrevcmp: runs of non-digits compare char by
+// char with '~' before the end of the string, the end before letters and
+// letters before other characters; runs of digits compare as numbers (of any
+// length).
+func compareVersionPart(a, b string) int {
+	isDigit := func(c byte) bool { return '0' <= c && c <= '9' }
+	order := func(s string, i int) int {
+		if i >= len(s) {
+			return 0
+		}
+		switch c := s[i]; {
+		case isDigit(c):
+			return 0
+		case 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z':
+			return int(c)
+		case c == '~':
+			return -1
+		default:
+			return int(c) + 256
+		}
+	}
+	i, j := 0, 0
+	for i < len(a) || j < len(b) {
+		for i < len(a) && !isDigit(a[i]) || j < len(b) && !isDigit(b[j]) {
+			if ac, bc := order(a, i), order(b, j); ac != bc {
+				return cmp.Compare(ac, bc)
+			}
+			i++
+			j++
+		}
+		for i < len(a) && a[i] == '0' {
+			i++
+		}
+		for j < len(b) && b[j] == '0' {
+			j++
+		}
+		firstDiff := 0
+		for i < len(a) && j < len(b) && isDigit(a[i]) && isDigit(b[j]) {
+			if firstDiff == 0 {
+				firstDiff = cmp.Compare(a[i], b[j])
+			}
+			i++
+			j++
+		}
+		if i < len(a) && isDigit(a[i]) {
+			return 1
+		}
+		if j < len(b) && isDigit(b[j]) {
+			return -1
+		}
+		if firstDiff != 0 {
+			return firstDiff
+		}
+	}
+	return 0
+}
+
+// hostDebArch is the Debian architecture of the packages to use: dpkg's
+// native one when dpkg is there, since that is what apt-get downloads;
+// otherwise the one this program was built for.
+func hostDebArch(ctx context.Context) string {
+	if out, err := exec.CommandContext(ctx, "dpkg", "--print-architecture").Output(); err == nil {
+		if arch := strings.TrimSpace(string(out)); arch != "" {
+			return arch
+		}
+	}
+	return debArch(runtime.GOARCH)
+}
+
+// debArch maps a GOARCH to Debian's name for it, where the two differ.
+func debArch(goarch string) string {
+	switch goarch {
+	case "386":
+		return "i386"
+	case "arm":
+		// GOARM=5 builds would match armel, but Debian's arm default is armhf.
+		return "armhf"
+	case "ppc64le":
+		return "ppc64el"
+	case "mipsle":
+		return "mipsel"
+	case "mips64le":
+		return "mips64el"
+	}
+	return goarch
 }
 
 // imageArchive wraps a layer into the tar that `docker load` reads, with a

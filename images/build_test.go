@@ -4,8 +4,13 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -154,5 +159,545 @@ func TestBuildTwiceIsIdentical(t *testing.T) {
 	io.Copy(&out, logs)
 	if !strings.Contains(out.String(), "bash 5") || !strings.Contains(out.String(), "65534") {
 		t.Errorf("container output = %q", out.String())
+	}
+}
+
+// A build without a user cache dir (no HOME, no XDG_CACHE_HOME) used the
+// shared /tmp/sandboxd/debs, which another user could fill first.
+func TestCacheDirWithoutUserCacheIsPrivateAndTemporary(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	t.Setenv("HOME", "")
+	t.Setenv("XDG_CACHE_HOME", "")
+	// What another user would have prepared at the old fallback.
+	planted := filepath.Join(tmp, "sandboxd", "debs")
+	if err := os.MkdirAll(planted, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(planted, 0o777)
+	var progress bytes.Buffer
+	b := Builder{Progress: &progress}
+	dir, temporary, err := b.cacheDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	if !temporary {
+		t.Error("a cache dir made for want of a user cache dir is not temporary")
+	}
+	if dir == planted || !strings.HasPrefix(dir, tmp+"/") {
+		t.Errorf("cache dir = %s, want a fresh dir in %s", dir, tmp)
+	}
+	fi, err := os.Stat(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o700 {
+		t.Errorf("cache dir mode = %04o, want 0700", fi.Mode().Perm())
+	}
+	if !strings.Contains(progress.String(), dir) {
+		t.Errorf("progress does not name the cache dir: %q", progress.String())
+	}
+}
+
+func TestCacheDirRefusesOthersDir(t *testing.T) {
+	for _, mode := range []os.FileMode{0o777, 0o707, os.ModeSticky | 0o777} {
+		dir := filepath.Join(t.TempDir(), "debs")
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		os.Chmod(dir, mode)
+		b := Builder{CacheDir: dir}
+		if _, _, err := b.cacheDir(); err == nil || !strings.Contains(err.Error(), dir) {
+			t.Errorf("mode %04o: err = %v, want a refusal naming %s", mode, err, dir)
+		}
+	}
+	t.Run("default", func(t *testing.T) {
+		base := t.TempDir()
+		t.Setenv("XDG_CACHE_HOME", base)
+		dir := filepath.Join(base, "sandboxd", "debs")
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		os.Chmod(dir, 0o777)
+		if _, _, err := (&Builder{}).cacheDir(); err == nil || !strings.Contains(err.Error(), dir) {
+			t.Errorf("err = %v, want a refusal naming %s", err, dir)
+		}
+	})
+}
+
+func TestCheckPrivateDir(t *testing.T) {
+	uid := os.Getuid()
+	mkdir := func(t *testing.T, p string, mode os.FileMode) string {
+		t.Helper()
+		if err := os.MkdirAll(p, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	chown := func(t *testing.T, p string) {
+		t.Helper()
+		if uid != 0 {
+			t.Skip("needs root to give a file to another user")
+		}
+		if err := os.Chown(p, 4242, 4242); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tests := []struct {
+		name    string
+		setup   func(t *testing.T, base string) (dir, real string)
+		wantErr string // "" for accepted
+	}{
+		{"private", func(t *testing.T, base string) (string, string) {
+			d := mkdir(t, base+"/d", 0o700)
+			return d, d
+		}, ""},
+		{"readable by others", func(t *testing.T, base string) (string, string) {
+			d := mkdir(t, base+"/d", 0o755)
+			return d, d
+		}, ""},
+		{"group-writable (a private group per user, umask 002)", func(t *testing.T, base string) (string, string) {
+			d := mkdir(t, base+"/d", 0o770)
+			return d, d
+		}, ""},
+		{"world-writable", func(t *testing.T, base string) (string, string) {
+			return mkdir(t, base+"/d", 0o707), ""
+		}, "writable by others"},
+		{"sticky world-writable", func(t *testing.T, base string) (string, string) {
+			return mkdir(t, base+"/d", os.ModeSticky|0o777), ""
+		}, "writable by others"},
+		{"parent world-writable", func(t *testing.T, base string) (string, string) {
+			mkdir(t, base+"/open", 0o777)
+			return mkdir(t, base+"/open/d", 0o700), ""
+		}, "parent"},
+		{"parent sticky", func(t *testing.T, base string) (string, string) {
+			mkdir(t, base+"/shared", os.ModeSticky|0o777)
+			d := mkdir(t, base+"/shared/d", 0o700)
+			return d, d
+		}, ""},
+		{"symlink to a private dir", func(t *testing.T, base string) (string, string) {
+			d := mkdir(t, base+"/d", 0o700)
+			if err := os.Symlink(d, base+"/link"); err != nil {
+				t.Fatal(err)
+			}
+			return base + "/link", d
+		}, ""},
+		{"symlink to an open dir", func(t *testing.T, base string) (string, string) {
+			d := mkdir(t, base+"/d", 0o777)
+			if err := os.Symlink(d, base+"/link"); err != nil {
+				t.Fatal(err)
+			}
+			return base + "/link", ""
+		}, "writable by others"},
+		{"not a dir", func(t *testing.T, base string) (string, string) {
+			if err := os.WriteFile(base+"/f", nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			return base + "/f", ""
+		}, "not a directory"},
+		{"missing", func(t *testing.T, base string) (string, string) {
+			return base + "/missing", ""
+		}, "no such file"},
+		{"owned by another user", func(t *testing.T, base string) (string, string) {
+			d := mkdir(t, base+"/d", 0o700)
+			chown(t, d)
+			return d, ""
+		}, "owned by uid 4242"},
+		{"parent owned by another user", func(t *testing.T, base string) (string, string) {
+			p := mkdir(t, base+"/theirs", 0o755)
+			d := mkdir(t, p+"/d", 0o700)
+			chown(t, p)
+			return d, ""
+		}, "parent"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			base, err := filepath.EvalSymlinks(t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			dir, want := tt.setup(t, base)
+			got, err := checkPrivateDir(dir, uid)
+			if tt.wantErr == "" {
+				if err != nil || got != want {
+					t.Errorf("checkPrivateDir(%s) = %q, %v; want %q", dir, got, err, want)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("checkPrivateDir(%s) err = %v, want one saying %q", dir, err, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestCheckDeb(t *testing.T) {
+	uid := os.Getuid()
+	tests := []struct {
+		name    string
+		setup   func(t *testing.T, p string)
+		wantErr string
+	}{
+		{"own regular file", func(t *testing.T, p string) { write(t, p, "deb", 0o644) }, ""},
+		{"writable by others", func(t *testing.T, p string) { write(t, p, "deb", 0o666) }, "writable by others"},
+		{"symlink", func(t *testing.T, p string) {
+			write(t, p+".real", "deb", 0o644)
+			if err := os.Symlink(p+".real", p); err != nil {
+				t.Fatal(err)
+			}
+		}, "not a regular file"},
+		{"directory", func(t *testing.T, p string) {
+			if err := os.Mkdir(p, 0o700); err != nil {
+				t.Fatal(err)
+			}
+		}, "not a regular file"},
+		{"another user's", func(t *testing.T, p string) {
+			if uid != 0 {
+				t.Skip("needs root to give a file to another user")
+			}
+			write(t, p, "deb", 0o644)
+			if err := os.Chown(p, 4242, 4242); err != nil {
+				t.Fatal(err)
+			}
+		}, "owned by uid 4242"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "busybox-static_1.0-1_amd64.deb")
+			tt.setup(t, p)
+			err := checkDeb(p, uid)
+			if tt.wantErr == "" && err != nil || tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr) || !strings.Contains(err.Error(), p)) {
+				t.Errorf("checkDeb = %v, want %q", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+// A .deb in the cache that someone else could have written is refused, not
+// unpacked and run; one in apt's archive that root did not write is skipped.
+func TestCachedRefusesUnsafeDeb(t *testing.T) {
+	cache, archives := t.TempDir(), t.TempDir()
+	planted := filepath.Join(cache, "busybox-static_1%3a9.9-1_amd64.deb")
+	write(t, planted, "evil", 0o666)
+	d := &debs{cache: cache, arch: "amd64", uid: os.Getuid()}
+	if deb, err := d.cached("busybox-static"); err == nil || !strings.Contains(err.Error(), planted) || !strings.Contains(err.Error(), "busybox-static") {
+		t.Errorf("cached = %q, %v; want a refusal naming %s", deb, err, planted)
+	}
+
+	os.Remove(planted)
+	write(t, filepath.Join(archives, "busybox-static_1%3a9.9-1_amd64.deb"), "not root's", 0o666)
+	d.archives = archives
+	if deb, err := d.cached("busybox-static"); err != nil || deb != "" {
+		t.Errorf("cached = %q, %v; want nothing", deb, err)
+	}
+}
+
+func TestTrustedArchives(t *testing.T) {
+	dir := t.TempDir()
+	var progress bytes.Buffer
+	b := Builder{Progress: &progress}
+	if got, want := b.trustedArchives(dir), map[bool]string{true: dir, false: ""}[os.Getuid() == 0]; got != want {
+		t.Errorf("trustedArchives(%s) = %q, want %q (only root's dir is trusted)", dir, got, want)
+	}
+	os.Chmod(dir, 0o777)
+	if got := b.trustedArchives(dir); got != "" {
+		t.Errorf("trustedArchives(world-writable %s) = %q", dir, got)
+	}
+	if got := b.trustedArchives(filepath.Join(dir, "missing")); got != "" {
+		t.Errorf("trustedArchives(missing) = %q", got)
+	}
+}
+
+// makeDeb builds a .deb at path holding files (path in the package -> body,
+// all mode 0755).
+func makeDeb(t *testing.T, path, pkg string, files map[string]string) {
+	t.Helper()
+	if _, err := exec.LookPath("dpkg-deb"); err != nil {
+		t.Skip("dpkg-deb is not installed")
+	}
+	root := t.TempDir()
+	write(t, filepath.Join(root, "DEBIAN", "control"), fmt.Sprintf("Package: %s\nVersion: 1.0-1\nArchitecture: all\nMaintainer: test <test@example.org>\nDescription: test\n", pkg), 0o644)
+	for name, body := range files {
+		write(t, filepath.Join(root, name), body, 0o755)
+	}
+	if out, err := exec.Command("dpkg-deb", "--root-owner-group", "-Zgzip", "--build", root, path).CombinedOutput(); err != nil {
+		t.Fatalf("dpkg-deb --build: %v: %s", err, out)
+	}
+}
+
+func write(t *testing.T, path, body string, mode os.FileMode) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(body), mode); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(path, mode); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A truncated .deb in the cache broke every later build.
+func TestUnpackDownloadsADamagedDebAgain(t *testing.T) {
+	const name = "busybox-static_1%3a1.36.1-9_amd64.deb"
+	good := filepath.Join(t.TempDir(), name)
+	makeDeb(t, good, "busybox-static", map[string]string{"usr/bin/busybox": "bb"})
+	data, err := os.ReadFile(good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	damaged := data[:len(data)/2]
+	tests := []struct {
+		name       string
+		cached     []byte // nil: nothing cached
+		downloaded []byte
+		wantErr    bool
+		wantCalls  int
+	}{
+		{"damaged cached deb", damaged, data, false, 1},
+		{"damaged twice", damaged, damaged, true, 1},
+		{"good cached deb", data, nil, false, 0},
+		{"damaged download", nil, damaged, true, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cache, dest := t.TempDir(), filepath.Join(t.TempDir(), "busybox-static")
+			if tt.cached != nil {
+				write(t, filepath.Join(cache, name), string(tt.cached), 0o644)
+			}
+			calls := 0
+			var progress strings.Builder
+			d := &debs{
+				cache: cache, arch: "amd64", uid: os.Getuid(),
+				download: func(ctx context.Context, dir, pkg string) error {
+					calls++
+					if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
+						t.Errorf("the damaged .deb is still in %s when downloading again", dir)
+					}
+					return os.WriteFile(filepath.Join(dir, name), tt.downloaded, 0o644)
+				},
+				progress: func(format string, args ...any) { fmt.Fprintf(&progress, format+"\n", args...) },
+			}
+			err := d.unpack(context.Background(), "busybox-static", dest)
+			if calls != tt.wantCalls {
+				t.Errorf("downloads = %d, want %d", calls, tt.wantCalls)
+			}
+			if tt.wantErr {
+				if err == nil || !strings.Contains(err.Error(), "unpack busybox-static") {
+					t.Errorf("err = %v, want an unpack error naming the package", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b, err := os.ReadFile(filepath.Join(dest, "usr", "bin", "busybox")); err != nil || string(b) != "bb" {
+				t.Errorf("unpacked busybox = %q, %v", b, err)
+			}
+			if tt.wantCalls > 0 && !strings.Contains(progress.String(), "again") {
+				t.Errorf("progress does not say it downloads again: %q", progress.String())
+			}
+		})
+	}
+}
+
+// versionCases are pairs of Debian versions and how the first compares to
+// the second.
+var versionCases = []struct {
+	a, b string
+	want int
+}{
+	{"1.36.1-9", "1.36.1-10", -1},
+	{"1:1.35.0-4+deb12u1+b1", "1:1.36.1-9", -1},
+	{"1:1.0", "2.0", 1},
+	{"0:1.0", "1.0", 0},
+	{"1.0", "1.0", 0},
+	{"1.00", "1.0", 0},
+	{"1.0-1", "1.0-01", 0},
+	{"1.0", "1.0-0", 0},
+	{"1.0~rc1", "1.0", -1},
+	{"1.0~~", "1.0~", -1},
+	{"1.0~", "1.0", -1},
+	{"1.0", "1.0a", -1},
+	{"1.0a", "1.0+", -1},
+	{"1.0a", "1.0b", -1},
+	{"1.0", "1.0+b1", -1},
+	{"1.0", "1.0.1", -1},
+	{"1.0-1", "1.0-1.1", -1},
+	{"2.0-1~bpo12+1", "2.0-1", -1},
+	{"10", "9", 1},
+	{"5.2.15-2+b13", "5.2.21-2.1", -1},
+	{"1.0-beta-2", "1.0-beta-10", -1},
+	{"1.20240101000000000000000", "1.20240101000000000000001", -1},
+	{"2:0.1", "10:0.1", -1},
+	{"1.0-a", "1.0-+", -1},
+}
+
+func TestCompareVersions(t *testing.T) {
+	for _, tt := range versionCases {
+		if got := compareVersions(tt.a, tt.b); got != tt.want {
+			t.Errorf("compareVersions(%q, %q) = %d, want %d", tt.a, tt.b, got, tt.want)
+		}
+		if got := compareVersions(tt.b, tt.a); got != -tt.want {
+			t.Errorf("compareVersions(%q, %q) = %d, want %d", tt.b, tt.a, got, -tt.want)
+		}
+	}
+}
+
+// The table above says what dpkg says.
+func TestVersionCasesAgreeWithDpkg(t *testing.T) {
+	if _, err := exec.LookPath("dpkg"); err != nil {
+		t.Skip("dpkg is not installed")
+	}
+	for _, tt := range versionCases {
+		op := map[int]string{-1: "lt", 0: "eq", 1: "gt"}[tt.want]
+		if err := exec.Command("dpkg", "--compare-versions", tt.a, op, tt.b).Run(); err != nil {
+			t.Errorf("dpkg --compare-versions %s %s %s: %v", tt.a, op, tt.b, err)
+		}
+	}
+}
+
+func TestNewestDeb(t *testing.T) {
+	tests := []struct {
+		paths []string
+		want  string
+	}{
+		{nil, ""},
+		{[]string{"/c/busybox-static_1%3a1.36.1-9_amd64.deb", "/c/busybox-static_1%3a1.36.1-10_amd64.deb"}, "/c/busybox-static_1%3a1.36.1-10_amd64.deb"},
+		{[]string{"/c/busybox-static_1%3a1.35.0-4+deb12u1+b1_amd64.deb", "/c/busybox-static_1.37.0-1_amd64.deb"}, "/c/busybox-static_1%3a1.35.0-4+deb12u1+b1_amd64.deb"},
+		{[]string{"/c/bash-static_5.2.15-2+b13_amd64.deb", "/c/bash-static_5.2.15-2_amd64.deb"}, "/c/bash-static_5.2.15-2+b13_amd64.deb"},
+		// On a tie the first wins: the cache is listed before apt's archive.
+		{[]string{"/cache/bash-static_5.2-1_amd64.deb", "/apt/bash-static_5.2-1_amd64.deb"}, "/cache/bash-static_5.2-1_amd64.deb"},
+	}
+	for _, tt := range tests {
+		if got := newestDeb(tt.paths); got != tt.want {
+			t.Errorf("newestDeb(%q) = %q, want %q", tt.paths, got, tt.want)
+		}
+	}
+}
+
+func TestFindBinary(t *testing.T) {
+	tests := []struct {
+		name  string
+		files []string // "x" a file, "x->y" a symlink
+		want  string   // "" for an error
+	}{
+		{"trixie: usr/bin only", []string{"usr/bin/busybox"}, "usr/bin/busybox"},
+		{"bookworm: bin only", []string{"bin/busybox"}, "bin/busybox"},
+		{"both", []string{"bin/busybox", "usr/bin/busybox"}, "usr/bin/busybox"},
+		{"usr/bin a symlink", []string{"bin/busybox", "usr/bin/busybox->/bin/busybox"}, "bin/busybox"},
+		{"neither", []string{"sbin/busybox"}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			root := t.TempDir()
+			for _, f := range tt.files {
+				name, target, link := strings.Cut(f, "->")
+				p := filepath.Join(root, name)
+				if !link {
+					write(t, p, "bb", 0o755)
+					continue
+				}
+				os.MkdirAll(filepath.Dir(p), 0o755)
+				if err := os.Symlink(target, p); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := findBinary(root, "busybox")
+			if tt.want == "" {
+				if err == nil {
+					t.Errorf("findBinary = %s, want an error", got)
+				}
+				return
+			}
+			if err != nil || got != filepath.Join(root, tt.want) {
+				t.Errorf("findBinary = %q, %v; want %s", got, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestDebArch(t *testing.T) {
+	for goarch, want := range map[string]string{
+		"amd64": "amd64", "arm64": "arm64", "386": "i386", "arm": "armhf",
+		"ppc64le": "ppc64el", "mips64le": "mips64el", "mipsle": "mipsel",
+		"mips": "mips", "mips64": "mips64", "s390x": "s390x", "riscv64": "riscv64", "loong64": "loong64",
+	} {
+		if got := debArch(goarch); got != want {
+			t.Errorf("debArch(%s) = %s, want %s", goarch, got, want)
+		}
+	}
+	if out, err := exec.Command("dpkg", "--print-architecture").Output(); err == nil {
+		if got, want := hostDebArch(context.Background()), strings.TrimSpace(string(out)); got != want {
+			t.Errorf("hostDebArch = %s, dpkg says %s", got, want)
+		}
+	} else if got := hostDebArch(context.Background()); got != debArch(runtime.GOARCH) {
+		t.Errorf("hostDebArch without dpkg = %s", got)
+	}
+}
+
+// On a noexec mount the staged busybox cannot run; the error says so.
+func TestListAppletsSaysNoexec(t *testing.T) {
+	staging := t.TempDir()
+	busybox := filepath.Join(staging, "busybox-static", "usr", "bin", "busybox")
+	// Not executable fails with EACCES as a noexec mount does.
+	write(t, busybox, "#!/bin/sh\necho /bin/ls\n", 0o644)
+	_, err := listApplets(context.Background(), busybox, staging)
+	if err == nil || !strings.Contains(err.Error(), "noexec") || !strings.Contains(err.Error(), staging) {
+		t.Errorf("err = %v, want one saying %s is on a noexec mount", err, staging)
+	}
+}
+
+// The whole unpacking with trixie's layout (usr/bin only), staged in the
+// cache dir rather than TMPDIR.
+func TestRootfsFromUsrBinPackagesStagesInCache(t *testing.T) {
+	cache, witness := t.TempDir(), filepath.Join(t.TempDir(), "ran")
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	var downloaded []string
+	d := &debs{
+		cache: cache, arch: "amd64", uid: os.Getuid(),
+		download: func(ctx context.Context, dir, pkg string) error {
+			downloaded = append(downloaded, pkg)
+			files := map[string]string{
+				"usr/bin/busybox":     "#!/bin/sh\necho \"$0\" >" + witness + "\necho /bin/ls /usr/bin/env /sbin/ip /linuxrc\n",
+				"usr/bin/bash-static": "bash",
+			}
+			makeDeb(t, filepath.Join(dir, pkg+"_1%3a1.0-1_amd64.deb"), pkg, files)
+			return nil
+		},
+		progress: func(string, ...any) {},
+	}
+	entries, err := d.rootfs(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(downloaded, Packages()) {
+		t.Errorf("downloaded %v, want %v", downloaded, Packages())
+	}
+	ran, err := os.ReadFile(witness)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(string(ran), cache+"/") {
+		t.Errorf("busybox ran as %s, want it staged in the cache dir %s", ran, cache)
+	}
+	got := map[string]Entry{}
+	for _, e := range entries {
+		got[e.Path] = e
+	}
+	if got["/bin/ls"].Linkname != "/bin/busybox" || got["/sbin/ip"].Linkname != "/bin/busybox" || string(got["/bin/bash"].Data) != "bash" || !strings.HasPrefix(string(got["/bin/busybox"].Data), "#!/bin/sh") {
+		t.Errorf("entries: ls %+v ip %+v bash %q busybox %q", got["/bin/ls"], got["/sbin/ip"], got["/bin/bash"].Data, got["/bin/busybox"].Data)
+	}
+	if ents, _ := os.ReadDir(cache); len(ents) != len(Packages()) {
+		t.Errorf("cache holds %d entries after the build, want the %d .deb files only (staging removed)", len(ents), len(Packages()))
+	}
+	if ents, _ := os.ReadDir(tmp); len(ents) != 0 {
+		t.Errorf("TMPDIR holds %d entries; staging should not be there", len(ents))
 	}
 }
