@@ -574,6 +574,22 @@ func (p *Proxy) sessionAnswered(m message) {
 }
 
 func (p *Proxy) closeSession(id string) {
+	// The editor has closed the session: its tool calls get no more
+	// updates, also not the last one the kill of its terminals would give.
+	p.updates.Lock()
+	p.mu.Lock()
+	for _, w := range p.textWatches {
+		if w.sessionID == id {
+			w.closed = true
+		}
+	}
+	for _, w := range p.metaWatches {
+		if w.sessionID == id {
+			w.closed = true
+		}
+	}
+	p.mu.Unlock()
+	p.updates.Unlock()
 	p.mu.Lock()
 	delete(p.specs, id)
 	order := p.embedOrder[:0]
@@ -688,27 +704,31 @@ func (p *Proxy) rewriteUpdate(line []byte, params json.RawMessage) []byte {
 	w := p.textWatches[key]
 	metaMode := p.editorMeta
 	p.mu.Unlock()
+	// Only sandboxd's terminals are rewritten. Any other is the agent's
+	// own: agents that run commands themselves (claude-agent-acp's Bash)
+	// show them under their own _meta.terminal_info, which the editor
+	// renders, so such an item goes on as the agent wrote it.
 	var ids []string
+	var terms []*sandbox.Terminal
 	for _, item := range content {
-		if id, ok := terminalItem(item); ok {
-			ids = append(ids, id)
+		id, ok := terminalItem(item)
+		if !ok {
+			continue
 		}
+		t := p.lookup(n.SessionID, id)
+		if t == nil {
+			p.log.Debug("tool call shows a terminal that is not sandboxd's", "session", n.SessionID, "terminal", id)
+			continue
+		}
+		p.remember(n.SessionID, t)
+		ids = append(ids, id)
+		terms = append(terms, t)
 	}
 	if len(ids) == 0 {
 		if w != nil {
 			w.setContent(nil, nil) // the agent replaced the terminals
 		}
 		return nil
-	}
-	terms := make([]*sandbox.Terminal, 0, len(ids))
-	for _, id := range ids {
-		t := p.lookup(n.SessionID, id)
-		if t == nil {
-			p.log.Warn("tool call shows an unknown terminal", "session", n.SessionID, "terminal", id)
-			continue
-		}
-		p.remember(n.SessionID, t)
-		terms = append(terms, t)
 	}
 	if metaMode && w == nil {
 		// Zed creates its display terminal from the terminal_info of a
@@ -873,6 +893,9 @@ type watch struct {
 	toolCallID string
 	wake       chan struct{} // the agent replaced the content
 	forget     func()
+	// closed says the session is closed: nothing more is sent. Guarded
+	// by p.updates.
+	closed bool
 
 	// Text watches; guarded by p.updates.
 	content []json.RawMessage   // as the agent sent it
@@ -993,6 +1016,9 @@ func waitAny(ctx context.Context, wake <-chan struct{}, changed []<-chan struct{
 
 // refresh sends the editor what changed, if anything. p.updates is held.
 func (w *watch) refresh(final bool) (bool, error) {
+	if w.closed {
+		return false, nil
+	}
 	update := toolCallUpdate{SessionUpdate: "tool_call_update", ToolCallID: w.toolCallID}
 	if w.term != nil {
 		data, next := w.term.Buffer().Since(w.sent)
@@ -1044,17 +1070,17 @@ func (w *watch) render() []json.RawMessage {
 	items := make([]json.RawMessage, 0, len(w.content))
 	for _, item := range w.content {
 		id, ok := terminalItem(item)
-		if !ok {
-			items = append(items, item)
-			continue
-		}
-		text := fmt.Sprintf("(the output of terminal %s is not available)", id)
-		for _, t := range w.terms {
-			if t.ID == id {
-				text = terminalText(t)
+		var t *sandbox.Terminal
+		for _, c := range w.terms {
+			if ok && c.ID == id {
+				t = c
 			}
 		}
-		b, err := marshal(textContent{Type: "content", Content: textBlock{Type: "text", Text: text}})
+		if t == nil {
+			items = append(items, item) // not a terminal, or not sandboxd's
+			continue
+		}
+		b, err := marshal(textContent{Type: "content", Content: textBlock{Type: "text", Text: terminalText(t)}})
 		if err != nil {
 			continue
 		}

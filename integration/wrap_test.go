@@ -576,6 +576,49 @@ func TestWrapSessionsGetTheirOwnContainers(t *testing.T) {
 	}
 }
 
+// TestWrapSendsNothingForAClosedSession: a terminal still running in a
+// tool call when the editor closes its session is killed with the
+// container; the editor gets no update for the closed session after that.
+func TestWrapSendsNothingForAClosedSession(t *testing.T) {
+	for _, meta := range []bool{false, true} {
+		t.Run(fmt.Sprintf("terminal_output=%v", meta), func(t *testing.T) {
+			ws := workspace(t)
+			caps := acpsdk.ClientCapabilities{}
+			if meta {
+				caps.Meta = map[string]any{"terminal_output": true}
+			}
+			w := startWrap(t, ws, caps)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			closing, other := w.newSession(t, ctx, ws), w.newSession(t, ctx, ws)
+			if got := w.prompt(t, ctx, closing, "start echo begun; sleep 300"); !strings.Contains(got, "started ") {
+				t.Fatalf("start: %q", got)
+			}
+			eventually(t, "the output shown", time.Minute, func() bool {
+				// The output, not the title: begun and a newline, as JSON.
+				return slices.ContainsFunc(w.ed.rawUpdates(), func(u string) bool { return strings.Contains(u, `begun\n`) })
+			})
+			if _, err := w.conn.CloseSession(ctx, acpsdk.CloseSessionRequest{SessionId: closing}); err != nil {
+				t.Fatalf("session/close: %v", err)
+			}
+			closedAt := len(w.ed.rawUpdates())
+			eventually(t, "the closed session's container removed", time.Minute, func() bool {
+				return len(sessionContainersOf(t, w.cmd.Process.Pid)) == 1
+			})
+			// A whole command in the other session: the proxy has long
+			// seen the closed session's terminal end.
+			if got := w.prompt(t, ctx, other, "run echo after"); got != "exit=0 output=after\n" {
+				t.Errorf("other session: %q", got)
+			}
+			for _, u := range w.ed.rawUpdates()[closedAt:] {
+				if strings.Contains(u, string(closing)) {
+					t.Errorf("update for the closed session: %s", u)
+				}
+			}
+		})
+	}
+}
+
 func TestWrapAgentCrashLeavesNothing(t *testing.T) {
 	ws := workspace(t)
 	w := startWrap(t, ws, acpsdk.ClientCapabilities{})

@@ -114,6 +114,8 @@ func (a *agent) Prompt(ctx context.Context, p acp.PromptRequest) (acp.PromptResp
 		reply = string(b)
 	case "run":
 		reply, err = a.run(ctx, p.SessionId, cwd, arg)
+	case "start":
+		reply, err = a.start(ctx, p.SessionId, cwd, arg)
 	case "elsewhere":
 		reply, err = a.runElsewhere(ctx, "invented-"+p.SessionId, arg)
 	case "quit":
@@ -182,6 +184,19 @@ func (a *agent) finish(ctx context.Context, sid acp.SessionId, id string) (acp.W
 	}
 	_, err = a.conn.ReleaseTerminal(ctx, acp.ReleaseTerminalRequest{SessionId: sid, TerminalId: id})
 	return st, out, err
+}
+
+// start shows line running in a terminal in a tool call and leaves it
+// running.
+func (a *agent) start(ctx context.Context, sid acp.SessionId, cwd, line string) (string, error) {
+	t, err := a.conn.CreateTerminal(ctx, acp.CreateTerminalRequest{SessionId: sid, Command: "/bin/sh", Args: []string{"-c", line}, Cwd: &cwd})
+	if err != nil {
+		return "", err
+	}
+	err = a.conn.SessionUpdate(ctx, acp.SessionNotification{SessionId: sid, Update: acp.StartToolCall(acp.ToolCallId("call_"+t.TerminalId), line,
+		acp.WithStartKind(acp.ToolKindExecute), acp.WithStartStatus(acp.ToolCallStatusInProgress),
+		acp.WithStartContent([]acp.ToolCallContent{acp.ToolTerminalRef(t.TerminalId)}))})
+	return "started " + t.TerminalId, err
 }
 
 // run runs line in a terminal shown in a tool call, as agents do.
