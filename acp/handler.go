@@ -182,10 +182,9 @@ func (t *Terminals) create(ctx context.Context, params json.RawMessage) (any, er
 		return nil, err
 	}
 	var (
-		sid    string
-		cmd    sandbox.Command
-		rawEnv []json.RawMessage
-		cwd    string
+		sid string
+		cmd sandbox.Command
+		cwd string
 	)
 	if err := get(f, "sessionId", true, &sid); err != nil {
 		return nil, err
@@ -193,27 +192,22 @@ func (t *Terminals) create(ctx context.Context, params json.RawMessage) (any, er
 	if err := get(f, "command", true, &cmd.Command); err != nil {
 		return nil, err
 	}
-	if err := get(f, "args", false, &cmd.Args); err != nil {
-		return nil, err
+	// args, env and cwd are read as the schema says the reference SDK
+	// reads them (x-deserialize-default-on-error, and for the arrays
+	// x-deserialize-skip-invalid-items): a value of the wrong type counts
+	// as absent, an item of the wrong shape is left out. What is there is
+	// still checked, by the sandbox.
+	cmd.Args = items[string](f, "args")
+	type envVariable struct {
+		Name  *string `json:"name"`
+		Value *string `json:"value"`
 	}
-	if err := get(f, "env", false, &rawEnv); err != nil {
-		return nil, err
+	for _, e := range items[envVariable](f, "env") {
+		if e.Name != nil && e.Value != nil {
+			cmd.Env = append(cmd.Env, sandbox.EnvVar{Name: *e.Name, Value: *e.Value})
+		}
 	}
-	for i, raw := range rawEnv {
-		ef, err := decodeFields(raw, fmt.Sprintf("env[%d].", i))
-		if err != nil {
-			return nil, err
-		}
-		var e sandbox.EnvVar
-		if err := get(ef, "name", true, &e.Name); err != nil {
-			return nil, err
-		}
-		if err := get(ef, "value", true, &e.Value); err != nil {
-			return nil, err
-		}
-		cmd.Env = append(cmd.Env, e)
-	}
-	if err := get(f, "cwd", false, &cwd); err != nil {
+	if err := lenient(f, "cwd", &cwd); err != nil {
 		return nil, err
 	}
 	cmd.Cwd = cwd

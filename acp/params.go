@@ -58,6 +58,42 @@ func get[T any](f fields, name string, required bool, dst *T) error {
 	return nil
 }
 
+// items decodes an array field whose schema has
+// x-deserialize-default-on-error and x-deserialize-skip-invalid-items, as
+// the reference SDK reads it: a value that is not an array counts as
+// absent, and an item that does not decode as T is left out.
+func items[T any](f fields, name string) []T {
+	var raw []json.RawMessage
+	if !f.present(name) || json.Unmarshal(f.m[name], &raw) != nil {
+		return nil
+	}
+	out := make([]T, 0, len(raw))
+	for _, r := range raw {
+		var v T
+		if json.Unmarshal(r, &v) == nil {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// lenient decodes a field whose schema has x-deserialize-default-on-error:
+// a value of the wrong type leaves dst alone, as if it were absent. A
+// string is still checked by checkText: the value is there, and bad.
+func lenient[T any](f fields, name string, dst *T) error {
+	var v T
+	if !f.present(name) || json.Unmarshal(f.m[name], &v) != nil {
+		return nil
+	}
+	if s, ok := any(v).(string); ok {
+		if err := checkText(f.path+name, s); err != nil {
+			return err
+		}
+	}
+	*dst = v
+	return nil
+}
+
 // checkText rejects strings a process cannot take: NUL bytes. Invalid UTF-8
 // never reaches here: encoding/json replaces it.
 func checkText(field, s string) error {
