@@ -267,7 +267,7 @@ func TestCreateReadsArgsEnvAndCwdAsTheSchemaSays(t *testing.T) {
 		{"items of the wrong shape left out", map[string]any{
 			"command": "/bin/sh", "args": []any{"-c", 5, "echo $A $B; pwd"},
 			"env": []any{map[string]any{"name": "A", "value": "1"}, map[string]any{"name": "X"}, "junk", map[string]any{"name": "B", "value": "2"}},
-			"cwd":   7,
+			"cwd": 7,
 		}, "1 2\n" + ws + "\n"},
 		{"args not an array", map[string]any{"command": "echo", "args": "a b"}, "\n"},
 		{"env not an array", map[string]any{"command": "/bin/sh", "args": []string{"-c", "echo ${A-unset}"}, "env": map[string]string{"A": "1"}}, "unset\n"},
