@@ -345,6 +345,8 @@ func (p *Proxy) fromAgent() error {
 			// gets method not found from it, never the editor's host.
 			if m.isRequest() {
 				p.answerTerminal(m)
+			} else if string(m.ID) == "null" {
+				p.replyToAgent(m, nil, errNullID)
 			} else {
 				p.log.Warn("dropped a terminal notification from the agent", "method", m.Method)
 			}

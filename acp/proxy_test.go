@@ -184,6 +184,7 @@ func TestWrapProxyAnswersTerminalRequestsItself(t *testing.T) {
 		{"escaped method", `{"jsonrpc":"2.0","id":8,"method":"\u0074erminal/output","params":{"sessionId":"nope","terminalId":"t"}}`, CodeResourceMissing, "unknown session"},
 		{"escaped slash", `{"jsonrpc":"2.0","id":9,"method":"terminal\/output","params":{"sessionId":"nope","terminalId":"t"}}`, CodeResourceMissing, "unknown session"},
 		{"unknown terminal method", `{"jsonrpc":"2.0","id":10,"method":"terminal/run","params":{}}`, CodeMethodNotFound, "terminal/run"},
+		{"null id", `{"jsonrpc":"2.0","id":null,"method":"terminal/output","params":{"sessionId":"nope","terminalId":"t"}}`, CodeInvalidRequest, "id of null"},
 	}
 	pp := startProxy(t)
 	for _, tc := range tests {

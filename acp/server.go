@@ -181,6 +181,12 @@ func (s *LineStream) ReadObject(v any) error {
 			s.replyError(nil, CodeParseError, "parse error: not valid JSON")
 			continue
 		}
+		if nullIDRequest(line) {
+			// The JSON-RPC library takes it for a notification and
+			// would answer nothing; the peer would wait for ever.
+			s.replyError(nil, CodeInvalidRequest, errNullID.Message)
+			continue
+		}
 		if id := requestID(line); len(id) > 0 && id[0] == '-' {
 			// The JSON-RPC library keeps numeric ids unsigned: its answer
 			// would carry another id than the one asked with.
@@ -193,6 +199,19 @@ func (s *LineStream) ReadObject(v any) error {
 		}
 		return nil
 	}
+}
+
+// errNullID answers a request whose id is null, which JSON-RPC 2.0 allows
+// but discourages: sandboxd could not tell its answer from others'.
+var errNullID = &jsonrpc2.Error{Code: CodeInvalidRequest, Message: "invalid request: a request id of null is not supported; use a number or a string"}
+
+// nullIDRequest reports whether line is a request whose id is null.
+func nullIDRequest(line []byte) bool {
+	var m struct {
+		ID     json.RawMessage `json:"id"`
+		Method *string         `json:"method"`
+	}
+	return json.Unmarshal(line, &m) == nil && m.Method != nil && string(m.ID) == "null"
 }
 
 // requestID digs the id out of an invalid request, so the peer can match
@@ -255,6 +274,12 @@ func NewDispatcher(h RequestHandler, log *slog.Logger) *Dispatcher {
 func (d *Dispatcher) Handle(ctx context.Context, conn *jsonrpc2.Conn, req *jsonrpc2.Request) {
 	if req.Method == MethodCancel {
 		d.cancel(req)
+		if !req.Notif {
+			// Sent as a request: it gets its answer.
+			if err := conn.Reply(ctx, req.ID, nil); err != nil {
+				d.log.Debug("reply", "method", req.Method, "err", err)
+			}
+		}
 		return
 	}
 	if req.Notif {

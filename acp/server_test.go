@@ -255,3 +255,22 @@ func TestIDReusedAfterItsAnswer(t *testing.T) {
 		}
 	}
 }
+
+// TestNullIDAndCancelAsRequestAreAnswered: a request with id null, which
+// the JSON-RPC library would take for a notification, and a
+// $/cancel_request sent as a request each get an answer.
+func TestNullIDAndCancelAsRequestAreAnswered(t *testing.T) {
+	send, recv := serveLines(t)
+	send(`{"jsonrpc":"2.0","id":null,"method":"echo","params":{}}`)
+	if rep := recv(); rep["id"] != nil || errCode(rep) != CodeInvalidRequest {
+		t.Errorf("reply = %v, want -32600 with id null", rep)
+	}
+	send(`{"jsonrpc":"2.0","id":"c1","method":"$/cancel_request","params":{"requestId":"nothing"}}`)
+	if rep := recv(); rep["id"] != "c1" || rep["error"] != nil {
+		t.Errorf("reply = %v, want a result for c1", rep)
+	}
+	send(`{"jsonrpc":"2.0","id":4,"method":"echo","params":{}}`)
+	if rep := recv(); rep["id"] != float64(4) || rep["error"] != nil {
+		t.Errorf("reply = %v", rep)
+	}
+}
