@@ -13,8 +13,8 @@ const (
 	// built and waiting to be written at once: each can be as large as a
 	// terminal's buffer, several times over once encoded.
 	outputSlots = 2
-	// maxInFlight bounds the other requests of one connection waiting
-	// for their answer (most of them terminal/wait_for_exit).
+	// maxInFlight bounds the requests of one connection waiting for
+	// their answer (most of them terminal/wait_for_exit).
 	maxInFlight = 1024
 )
 
@@ -32,18 +32,10 @@ func newRequestLimiter() *requestLimiter {
 }
 
 // acquire takes a place for a request, to be given back with release once
-// its reply is written. For terminal/output it waits, and so holds up the
-// connection's reader: the peer's further requests wait in its own pipe.
-// For others it fails at once when too many are in flight.
-func (l *requestLimiter) acquire(ctx context.Context, method string) (release func(), err error) {
-	if method == MethodOutput {
-		select {
-		case l.output <- struct{}{}:
-			return func() { <-l.output }, nil
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-	}
+// its reply is written. It fails at once when too many are in flight, and
+// never waits: the connection's reader must go on reading, or a peer that
+// writes before it reads would wait for sandboxd as sandboxd waits for it.
+func (l *requestLimiter) acquire(method string) (release func(), err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.n >= maxInFlight {
@@ -55,4 +47,19 @@ func (l *requestLimiter) acquire(ctx context.Context, method string) (release fu
 		l.n--
 		l.mu.Unlock()
 	}, nil
+}
+
+// build waits, in the request's own goroutine, until a reply of method may
+// be built: a terminal/output reply takes one of the output slots until it
+// is written, others go at once.
+func (l *requestLimiter) build(ctx context.Context, method string) (release func(), err error) {
+	if method != MethodOutput {
+		return func() {}, nil
+	}
+	select {
+	case l.output <- struct{}{}:
+		return func() { <-l.output }, nil
+	case <-ctx.Done():
+		return nil, &jsonrpc2.Error{Code: CodeCancelled, Message: "request cancelled"}
+	}
 }

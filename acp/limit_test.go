@@ -2,7 +2,6 @@ package acp
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
 )
@@ -10,39 +9,43 @@ import (
 func TestRequestLimiter(t *testing.T) {
 	l := newRequestLimiter()
 	ctx := context.Background()
-	var outputs []func()
-	for range outputSlots {
-		release, err := l.acquire(ctx, MethodOutput)
-		if err != nil {
-			t.Fatal(err)
-		}
-		outputs = append(outputs, release)
-	}
-	// One more output waits (here until its context ends).
-	short, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
-	defer cancel()
-	if _, err := l.acquire(short, MethodOutput); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("output beyond the slots: err = %v, want it to wait", err)
-	}
-	// Other requests are not held up by outputs, and are refused beyond
-	// the bound.
-	var others []func()
+	// Taking a place never waits; beyond the bound it is refused.
+	var places []func()
 	for range maxInFlight {
-		release, err := l.acquire(ctx, MethodWaitForExit)
+		release, err := l.acquire(MethodOutput)
 		if err != nil {
 			t.Fatal(err)
 		}
-		others = append(others, release)
+		places = append(places, release)
 	}
-	if _, err := l.acquire(ctx, MethodKill); err == nil {
+	if _, err := l.acquire(MethodKill); err == nil {
 		t.Fatal("request beyond maxInFlight was taken")
 	}
-	others[0]()
-	if _, err := l.acquire(ctx, MethodKill); err != nil {
+	places[0]()
+	if _, err := l.acquire(MethodKill); err != nil {
 		t.Fatalf("after a release: %v", err)
 	}
-	outputs[0]()
-	if _, err := l.acquire(ctx, MethodOutput); err != nil {
+	// Output replies are built outputSlots at a time; a further one
+	// waits in its own goroutine (here until its context ends).
+	var slots []func()
+	for range outputSlots {
+		release, err := l.build(ctx, MethodOutput)
+		if err != nil {
+			t.Fatal(err)
+		}
+		slots = append(slots, release)
+	}
+	short, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
+	defer cancel()
+	if _, err := l.build(short, MethodOutput); err == nil || rpcError(short, err).Code != CodeCancelled {
+		t.Fatalf("output beyond the slots: err = %v, want it to wait and then be cancelled", err)
+	}
+	// Other replies are not held up by outputs.
+	if _, err := l.build(short, MethodWaitForExit); err != nil {
+		t.Fatalf("wait_for_exit: %v", err)
+	}
+	slots[0]()
+	if _, err := l.build(ctx, MethodOutput); err != nil {
 		t.Fatalf("output after a release: %v", err)
 	}
 }

@@ -468,7 +468,7 @@ func (p *Proxy) answerTerminal(m message) {
 		p.replyToAgent(m, nil, duplicateID(key))
 		return
 	}
-	release, err := p.limit.acquire(p.ctx, m.Method)
+	release, err := p.limit.acquire(m.Method)
 	if err != nil {
 		p.replyToAgent(m, nil, err)
 		return
@@ -485,7 +485,12 @@ func (p *Proxy) answerTerminal(m message) {
 	}
 	started := p.background(func() {
 		defer release() // after the reply is written: it holds the memory
-		res, err := p.terms.Handle(ctx, m.Method, m.Params)
+		built, err := p.limit.build(ctx, m.Method)
+		var res any
+		if err == nil {
+			defer built() // after the reply is written
+			res, err = p.terms.Handle(ctx, m.Method, m.Params)
+		}
 		// Before the reply: the agent may reuse the id as soon as it has it.
 		forget()
 		p.replyToAgent(m, res, err)

@@ -294,7 +294,7 @@ func (d *Dispatcher) Handle(ctx context.Context, conn *jsonrpc2.Conn, req *jsonr
 		d.replyError(ctx, conn, req, duplicateID(req.ID.String()))
 		return
 	}
-	release, err := d.limit.acquire(ctx, req.Method)
+	release, err := d.limit.acquire(req.Method)
 	if err != nil {
 		d.replyError(ctx, conn, req, err)
 		return
@@ -311,7 +311,12 @@ func (d *Dispatcher) Handle(ctx context.Context, conn *jsonrpc2.Conn, req *jsonr
 		if req.Params != nil {
 			params = *req.Params
 		}
-		res, err := d.h.Handle(rctx, req.Method, params)
+		built, err := d.limit.build(rctx, req.Method)
+		var res any
+		if err == nil {
+			defer built() // after the reply is written
+			res, err = d.h.Handle(rctx, req.Method, params)
+		}
 		// Before the reply: a peer may reuse the id as soon as it has it.
 		d.mu.Lock()
 		delete(d.pending, key)

@@ -2,6 +2,9 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -207,5 +210,52 @@ func TestKilledSessionReportsSIGKILL(t *testing.T) {
 		}
 	case <-time.After(60 * time.Second):
 		t.Fatal("wait_for_exit hangs after its session closed")
+	}
+}
+
+// TestPipelinedOutputRequestsDoNotStall: a peer that writes all its
+// terminal/output requests before it reads any reply (more than the pipes
+// hold either way) still gets every answer: sandboxd goes on reading
+// while it bounds how many replies it builds at once.
+func TestPipelinedOutputRequestsDoNotStall(t *testing.T) {
+	ws := workspace(t)
+	srv := startServe(t, ws)
+	c := srv.raw()
+	rep := c.call(t, 1, "terminal/create", map[string]any{"sessionId": "p", "command": "head -c 50000 /dev/zero | tr '\\0' x"})
+	if rep.Error != nil {
+		t.Fatalf("create: %+v", rep.Error)
+	}
+	var term struct{ TerminalID string }
+	if err := json.Unmarshal(rep.Result, &term); err != nil {
+		t.Fatal(err)
+	}
+	ids := map[string]any{"sessionId": "p", "terminalId": term.TerminalID}
+	if rep := c.call(t, 2, "terminal/wait_for_exit", ids); rep.Error != nil {
+		t.Fatalf("wait: %+v", rep.Error)
+	}
+	// 400 requests of 1 KB, each answered with 50 KB.
+	const n = 400
+	pad := strings.Repeat("p", 1000)
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, `{"jsonrpc":"2.0","id":%d,"method":"terminal/output","params":{"sessionId":"p","terminalId":%q,"_meta":{"pad":%q}}}`+"\n", 100+i, term.TerminalID, pad)
+	}
+	sent := make(chan error, 1)
+	go func() {
+		_, err := io.WriteString(srv.stdin, b.String())
+		sent <- err
+	}()
+	select {
+	case err := <-sent:
+		if err != nil {
+			t.Fatalf("send: %v", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("sandboxd stopped reading requests while its replies waited to be read")
+	}
+	for range n {
+		if rep := c.recv(t); rep.Error != nil || !strings.Contains(string(rep.Result), "xxxx") {
+			t.Fatalf("output: %.200s %+v", rep.Result, rep.Error)
+		}
 	}
 }
