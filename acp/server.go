@@ -11,6 +11,8 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -50,7 +52,43 @@ func (s *LineStream) WriteObject(obj any) error {
 	if err != nil {
 		return err
 	}
-	return s.WriteLine(b)
+	return s.WriteLine(restoreNegativeID(b))
+}
+
+// negativeID marks, in a string id, a negative numeric id the peer sent:
+// the JSON-RPC library keeps numeric ids unsigned, so ReadObject hands it
+// such an id as this string, and WriteObject gives the answer the number
+// back. A peer's own string id may not start with it.
+const negativeID = "\x00negative id "
+
+// asNegativeID rewrites a request with a negative integer id to carry it
+// as a negativeID string; ok is false when the id is not an integer.
+func asNegativeID(line, id []byte) (out []byte, ok bool) {
+	if _, err := strconv.ParseInt(string(id), 10, 64); err != nil {
+		return nil, false
+	}
+	var m map[string]json.RawMessage
+	if json.Unmarshal(line, &m) != nil {
+		return nil, false
+	}
+	m["id"], _ = json.Marshal(negativeID + string(id))
+	out, err := json.Marshal(m)
+	return out, err == nil
+}
+
+// restoreNegativeID puts the number back in a response whose id, its
+// first member as the library writes it, is a negativeID string.
+func restoreNegativeID(b []byte) []byte {
+	head := []byte(`{"id":"\u0000negative id `)
+	if !bytes.HasPrefix(b, head) {
+		return b
+	}
+	n := bytes.IndexByte(b[len(head):], '"')
+	if n < 0 {
+		return b
+	}
+	num := b[len(head) : len(head)+n]
+	return append(append([]byte(`{"id":`), num...), b[len(head)+n+1:]...)
 }
 
 // WriteLine writes one already-encoded message followed by a newline.
@@ -188,9 +226,14 @@ func (s *LineStream) ReadObject(v any) error {
 			continue
 		}
 		if id := requestID(line); len(id) > 0 && id[0] == '-' {
-			// The JSON-RPC library keeps numeric ids unsigned: its answer
-			// would carry another id than the one asked with.
-			s.replyError(id, CodeInvalidRequest, "invalid request: negative ids are not supported; use a non-negative integer or a string")
+			out, ok := asNegativeID(line, id)
+			if !ok {
+				s.replyError(id, CodeInvalidRequest, "invalid request: an id must be an integer or a string")
+				continue
+			}
+			line = out
+		} else if str := ""; len(id) > 0 && json.Unmarshal(id, &str) == nil && strings.HasPrefix(str, negativeID) {
+			s.replyError(id, CodeInvalidRequest, "invalid request: string ids starting with NUL are reserved")
 			continue
 		}
 		if err := json.Unmarshal(line, v); err != nil {
@@ -349,14 +392,21 @@ func (d *Dispatcher) cancel(req *jsonrpc2.Request) {
 		return
 	}
 	var p struct {
-		RequestID jsonrpc2.ID `json:"requestId"`
+		RequestID json.RawMessage `json:"requestId"`
 	}
-	if err := json.Unmarshal(*req.Params, &p); err != nil {
+	var id jsonrpc2.ID
+	if err := json.Unmarshal(*req.Params, &p); err != nil || len(p.RequestID) == 0 {
+		d.log.Debug("bad $/cancel_request", "err", err)
+		return
+	}
+	if _, err := strconv.ParseInt(string(p.RequestID), 10, 64); err == nil && p.RequestID[0] == '-' {
+		id = jsonrpc2.ID{Str: negativeID + string(p.RequestID), IsString: true}
+	} else if err := json.Unmarshal(p.RequestID, &id); err != nil {
 		d.log.Debug("bad $/cancel_request", "err", err)
 		return
 	}
 	d.mu.Lock()
-	cancel := d.pending[p.RequestID.String()]
+	cancel := d.pending[id.String()]
 	d.mu.Unlock()
 	if cancel != nil {
 		cancel()

@@ -232,11 +232,26 @@ func TestServeListenerOutlivesFailedAccepts(t *testing.T) {
 	}
 }
 
-func TestNegativeIDIsRefusedWithIt(t *testing.T) {
+func TestNegativeIDs(t *testing.T) {
 	send, recv := serveLines(t)
 	send(`{"jsonrpc":"2.0","id":-3,"method":"echo","params":{}}`)
-	if rep := recv(); rep["id"] != float64(-3) || errCode(rep) != CodeInvalidRequest {
-		t.Errorf("reply = %v, want -32600 for id -3", rep)
+	if rep := recv(); rep["id"] != float64(-3) || rep["error"] != nil {
+		t.Errorf("reply = %v, want an answer to id -3", rep)
+	}
+	// Cancelled by its own negative id.
+	send(`{"jsonrpc":"2.0","id":-9223372036854775808,"method":"block","params":{}}`)
+	send(`{"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":-9223372036854775808}}`)
+	if rep := recv(); errCode(rep) != CodeCancelled {
+		t.Errorf("reply = %v, want -32800", rep)
+	}
+	// Not integers, or the string form sandboxd keeps them in.
+	send(`{"jsonrpc":"2.0","id":-1.5,"method":"echo","params":{}}`)
+	if rep := recv(); rep["id"] != -1.5 || errCode(rep) != CodeInvalidRequest {
+		t.Errorf("reply = %v, want -32600 for id -1.5", rep)
+	}
+	send(`{"jsonrpc":"2.0","id":"\u0000negative id -3","method":"echo","params":{}}`)
+	if rep := recv(); errCode(rep) != CodeInvalidRequest {
+		t.Errorf("reply = %v, want -32600 for a reserved string id", rep)
 	}
 	send(`{"jsonrpc":"2.0","id":4,"method":"echo","params":{}}`)
 	if rep := recv(); rep["id"] != float64(4) || rep["error"] != nil {
