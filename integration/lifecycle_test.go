@@ -154,6 +154,42 @@ idle_timeout = "2s"
 	}
 }
 
+// TestUnreleasedTerminalsOutliveTheIdleTimeout: a terminal id stays good
+// until terminal/release, so a session holding an exited but unreleased
+// terminal is not idle; one whose terminals are all released is.
+func TestUnreleasedTerminalsOutliveTheIdleTimeout(t *testing.T) {
+	ws := workspace(t)
+	srv := startServeWithConfig(t, ws, "[server]\nidle_timeout = \"2s\"\n")
+	a := srv.agent()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// Used first, so it is the longer idle of the two.
+	kept, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: "keep", Command: "echo kept"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := acpsdk.WaitForTerminalExitRequest{SessionId: "keep", TerminalId: kept.TerminalId}
+	if _, err := a.WaitForTerminalExit(ctx, ids); err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := sh(t, ctx, a, "go", "true"); out != "" {
+		t.Fatalf("go: %q", out)
+	}
+	eventually(t, "the session with nothing unreleased closed", 30*time.Second, func() bool {
+		return len(containersOf(t, srv.cmd.Process.Pid)) == 1
+	})
+	out, err := a.TerminalOutput(ctx, acpsdk.TerminalOutputRequest{SessionId: "keep", TerminalId: kept.TerminalId})
+	if err != nil || out.Output != "kept\n" || out.ExitStatus == nil {
+		t.Fatalf("unreleased terminal after the idle timeout: %+v, %v", out, err)
+	}
+	if _, err := a.ReleaseTerminal(ctx, acpsdk.ReleaseTerminalRequest{SessionId: "keep", TerminalId: kept.TerminalId}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the released session closed", 30*time.Second, func() bool {
+		return len(containersOf(t, srv.cmd.Process.Pid)) == 0
+	})
+}
+
 // TestOutputMemoryIsBounded: the output buffers of unreleased terminals
 // live in sandboxd's memory, so together they are bounded.
 func TestOutputMemoryIsBounded(t *testing.T) {

@@ -374,8 +374,8 @@ func containerSafe(id string) string {
 	return b.String()
 }
 
-// idleSince reports how long the session has had no call and no running
-// command.
+// idleSince reports how long the session has had no call and no
+// unreleased terminal.
 func (s *Session) idleSince(now time.Time) time.Duration {
 	select {
 	case <-s.ready:
@@ -387,10 +387,10 @@ func (s *Session) idleSince(now time.Time) time.Duration {
 	if s.closed {
 		return 0
 	}
-	for _, t := range s.terminals {
-		if !t.Exited() {
-			return 0
-		}
+	// A terminal not yet released, running or not, is still the peer's to
+	// read: its id must stay good until terminal/release.
+	if len(s.terminals) > 0 {
+		return 0
 	}
 	return now.Sub(s.lastUsed)
 }
