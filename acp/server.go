@@ -219,13 +219,21 @@ func (s *LineStream) ReadObject(v any) error {
 			s.replyError(nil, CodeParseError, "parse error: not valid JSON")
 			continue
 		}
-		if nullIDRequest(line) {
-			// The JSON-RPC library takes it for a notification and
-			// would answer nothing; the peer would wait for ever.
+		// The id, as the peer wrote it, decides what the JSON-RPC
+		// library can be given.
+		var head struct {
+			ID     json.RawMessage `json:"id"`
+			Method *string         `json:"method"`
+		}
+		json.Unmarshal(line, &head) // a message that is no object fails below
+		id := head.ID
+		if head.Method != nil && string(id) == "null" {
+			// The library takes it for a notification and would answer
+			// nothing; the peer would wait for ever.
 			s.replyError(nil, CodeInvalidRequest, errNullID.Message)
 			continue
 		}
-		if id := requestID(line); len(id) > 0 && id[0] == '-' {
+		if len(id) > 0 && id[0] == '-' {
 			out, ok := asNegativeID(line, id)
 			if !ok {
 				s.replyError(id, CodeInvalidRequest, "invalid request: an id must be an integer or a string")
@@ -247,15 +255,6 @@ func (s *LineStream) ReadObject(v any) error {
 // errNullID answers a request whose id is null, which JSON-RPC 2.0 allows
 // but discourages: sandboxd could not tell its answer from others'.
 var errNullID = &jsonrpc2.Error{Code: CodeInvalidRequest, Message: "invalid request: a request id of null is not supported; use a number or a string"}
-
-// nullIDRequest reports whether line is a request whose id is null.
-func nullIDRequest(line []byte) bool {
-	var m struct {
-		ID     json.RawMessage `json:"id"`
-		Method *string         `json:"method"`
-	}
-	return json.Unmarshal(line, &m) == nil && m.Method != nil && string(m.ID) == "null"
-}
 
 // requestID digs the id out of an invalid request, so the peer can match
 // the error to it.
