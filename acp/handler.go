@@ -305,7 +305,7 @@ func (t *Terminals) open(ctx context.Context, sid string, spec sandbox.SessionSp
 	_, kept := t.sessions[sid]
 	t.mu.Unlock()
 	if !kept {
-		if err := t.m.CloseSession(context.WithoutCancel(ctx), t.key(sid)); err != nil && !errors.Is(err, sandbox.ErrNotFound) {
+		if err := s.Close(context.WithoutCancel(ctx)); err != nil {
 			return nil, fmt.Errorf("close session %s, closed while it opened: %w", sid, err)
 		}
 		return nil, notFound("session %q was closed while this request opened it", sid)
@@ -493,18 +493,32 @@ func (t *Terminals) closeSession(ctx context.Context, params json.RawMessage) (a
 
 // CloseSession removes one of the connection's sessions and its container.
 func (t *Terminals) CloseSession(ctx context.Context, sid string) error {
+	remove := t.Detach(sid)
+	if remove == nil {
+		return notFound("unknown session %q", sid)
+	}
+	return remove(ctx)
+}
+
+// Detach takes session sid from the connection at once and returns what
+// removes its container, for the caller to run when it suits; nil when the
+// connection has no such session. A session opened under the id in
+// between is another one, which remove leaves alone.
+func (t *Terminals) Detach(sid string) (remove func(context.Context) error) {
 	t.mu.Lock()
 	_, ok := t.sessions[sid]
 	delete(t.sessions, sid)
 	t.mu.Unlock()
 	if !ok {
-		return notFound("unknown session %q", sid)
-	}
-	err := t.m.CloseSession(ctx, t.key(sid))
-	if errors.Is(err, sandbox.ErrNotFound) {
 		return nil
 	}
-	return err
+	s := t.m.Lookup(t.key(sid))
+	return func(ctx context.Context) error {
+		if s == nil {
+			return nil
+		}
+		return s.Close(ctx)
+	}
 }
 
 // Close removes every session of the connection. It runs when the

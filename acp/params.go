@@ -70,7 +70,8 @@ func items[T any](f fields, name string) []T {
 	out := make([]T, 0, len(raw))
 	for _, r := range raw {
 		var v T
-		if json.Unmarshal(r, &v) == nil {
+		// null decodes into anything without an error, and is no item.
+		if string(r) != "null" && json.Unmarshal(r, &v) == nil {
 			out = append(out, v)
 		}
 	}

@@ -77,7 +77,16 @@ type Proxy struct {
 	// embedOrder, readable after release.
 	embedded   map[termKey]*embeddedTerminal
 	embedOrder []termKey
+	// agentTerminals are the terminals the agent runs itself and shows
+	// under its own _meta terminal_info (claude-agent-acp's Bash), newest
+	// last in agentOrder: tool calls show them as the agent wrote them.
+	agentTerminals map[termKey]bool
+	agentOrder     []termKey
 }
+
+// maxAgentTerminals bounds how many of the agent's own terminals the proxy
+// remembers.
+const maxAgentTerminals = 4096
 
 type embeddedTerminal struct {
 	t *sandbox.Terminal
@@ -99,18 +108,19 @@ type termKey struct{ session, terminal string }
 // Sessions get their image, network and limits from the defaults of terms.
 func NewProxy(terms *Terminals, editor, agent io.ReadWriteCloser, log *slog.Logger) *Proxy {
 	return &Proxy{
-		terms:        terms,
-		editor:       NewLineStream(editor, log),
-		agent:        NewLineStream(agent, log),
-		log:          log,
-		ctx:          context.Background(),
-		sessionCalls: make(map[string]sessionCall),
-		agentCalls:   make(map[string]context.CancelFunc),
-		limit:        newRequestLimiter(),
-		specs:        make(map[string]sandbox.SessionSpec),
-		textWatches:  make(map[toolCallKey]*watch),
-		metaWatches:  make(map[termKey]*watch),
-		embedded:     make(map[termKey]*embeddedTerminal),
+		terms:          terms,
+		editor:         NewLineStream(editor, log),
+		agent:          NewLineStream(agent, log),
+		log:            log,
+		ctx:            context.Background(),
+		sessionCalls:   make(map[string]sessionCall),
+		agentCalls:     make(map[string]context.CancelFunc),
+		limit:          newRequestLimiter(),
+		specs:          make(map[string]sandbox.SessionSpec),
+		textWatches:    make(map[toolCallKey]*watch),
+		metaWatches:    make(map[termKey]*watch),
+		embedded:       make(map[termKey]*embeddedTerminal),
+		agentTerminals: make(map[termKey]bool),
 	}
 }
 
@@ -352,6 +362,9 @@ func (p *Proxy) fromAgent() error {
 			}
 			continue
 		case m.Method == MethodCancel && p.cancelAgentCall(m.Params):
+			if m.isRequest() {
+				p.replyToAgent(m, json.RawMessage("null"), nil) // sent as a request: answered
+			}
 			continue
 		case m.isResponse():
 			p.sessionAnswered(m)
@@ -554,9 +567,7 @@ func (p *Proxy) sessionAnswered(m message) {
 	}
 	switch call.method {
 	case "session/close", "session/delete":
-		// In the background: removing a container takes a while, and the
-		// agent's messages must keep flowing meanwhile.
-		p.background(func() { p.closeSession(req.SessionID) })
+		p.closeSession(req.SessionID)
 		return
 	case "session/new":
 		var res struct {
@@ -580,6 +591,10 @@ func (p *Proxy) sessionAnswered(m message) {
 	p.terms.Prepare(spec)
 }
 
+// closeSession forgets a session the agent closed, at once, so that a
+// session/load or resume of the same id that follows is a new session; its
+// container is removed in the background, since that takes a while and the
+// agent's messages must keep flowing meanwhile.
 func (p *Proxy) closeSession(id string) {
 	// The editor has closed the session: its tool calls get no more
 	// updates, also not the last one the kill of its terminals would give.
@@ -595,9 +610,6 @@ func (p *Proxy) closeSession(id string) {
 			w.closed = true
 		}
 	}
-	p.mu.Unlock()
-	p.updates.Unlock()
-	p.mu.Lock()
 	delete(p.specs, id)
 	order := p.embedOrder[:0]
 	for _, k := range p.embedOrder {
@@ -609,10 +621,16 @@ func (p *Proxy) closeSession(id string) {
 	}
 	p.embedOrder = order
 	p.mu.Unlock()
-	err := p.terms.CloseSession(context.WithoutCancel(p.ctx), id)
-	if err != nil && rpcError(p.ctx, err).Code != CodeResourceMissing {
-		p.log.Warn("close session", "session", id, "err", err)
+	p.updates.Unlock()
+	remove := p.terms.Detach(id)
+	if remove == nil {
+		return
 	}
+	p.background(func() {
+		if err := remove(context.WithoutCancel(p.ctx)); err != nil {
+			p.log.Warn("close session", "session", id, "err", err)
+		}
+	})
 }
 
 // lookup finds a terminal of a session, also one the agent released after
@@ -711,11 +729,12 @@ func (p *Proxy) rewriteUpdate(line []byte, params json.RawMessage) []byte {
 	w := p.textWatches[key]
 	metaMode := p.editorMeta
 	p.mu.Unlock()
-	// Only sandboxd's terminals are rewritten. Any other is the agent's
-	// own: agents that run commands themselves (claude-agent-acp's Bash)
-	// show them under their own _meta.terminal_info, which the editor
-	// renders, so such an item goes on as the agent wrote it.
-	var ids []string
+	p.noteAgentTerminals(n.SessionID, n.Update["_meta"])
+	// Only sandboxd's terminals are rewritten, and any other the editor
+	// cannot know of. Those the agent runs itself (claude-agent-acp's
+	// Bash) and names in its own _meta, which the editor renders, go on
+	// as the agent wrote them.
+	var ids, unknown []string
 	var terms []*sandbox.Terminal
 	for _, item := range content {
 		id, ok := terminalItem(item)
@@ -724,14 +743,17 @@ func (p *Proxy) rewriteUpdate(line []byte, params json.RawMessage) []byte {
 		}
 		t := p.lookup(n.SessionID, id)
 		if t == nil {
-			p.log.Debug("tool call shows a terminal that is not sandboxd's", "session", n.SessionID, "terminal", id)
+			if !p.agentTerminal(n.SessionID, id) {
+				p.log.Warn("tool call shows an unknown terminal", "session", n.SessionID, "terminal", id)
+				unknown = append(unknown, id)
+			}
 			continue
 		}
 		p.remember(n.SessionID, t)
 		ids = append(ids, id)
 		terms = append(terms, t)
 	}
-	if len(ids) == 0 {
+	if len(ids) == 0 && len(unknown) == 0 {
 		if w != nil {
 			w.setContent(nil, nil) // the agent replaced the terminals
 		}
@@ -755,6 +777,41 @@ func (p *Proxy) rewriteUpdate(line []byte, params json.RawMessage) []byte {
 	}
 	n.Update["content"] = w.setContent(content, terms)
 	return updateRewrite(n.Update).rewrite(line)
+}
+
+// noteAgentTerminals remembers the terminals a session/update's _meta
+// names: terminal_info, terminal_output and terminal_exit of the agent's
+// own terminals.
+func (p *Proxy) noteAgentTerminals(sessionID string, raw json.RawMessage) {
+	var meta map[string]struct {
+		TerminalID string `json:"terminal_id"`
+	}
+	if len(raw) == 0 || json.Unmarshal(raw, &meta) != nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, key := range []string{"terminal_info", "terminal_output", "terminal_exit"} {
+		id := meta[key].TerminalID
+		k := termKey{sessionID, id}
+		if id == "" || p.agentTerminals[k] {
+			continue
+		}
+		p.agentTerminals[k] = true
+		p.agentOrder = append(p.agentOrder, k)
+		if len(p.agentOrder) > maxAgentTerminals {
+			delete(p.agentTerminals, p.agentOrder[0])
+			p.agentOrder = p.agentOrder[1:]
+		}
+	}
+}
+
+// agentTerminal reports whether the agent named terminal id of a session
+// in its own _meta.
+func (p *Proxy) agentTerminal(sessionID, id string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.agentTerminals[termKey{sessionID, id}]
 }
 
 // updateRewrite is a session/update's new update object.
@@ -1077,17 +1134,17 @@ func (w *watch) render() []json.RawMessage {
 	items := make([]json.RawMessage, 0, len(w.content))
 	for _, item := range w.content {
 		id, ok := terminalItem(item)
-		var t *sandbox.Terminal
-		for _, c := range w.terms {
-			if ok && c.ID == id {
-				t = c
-			}
-		}
-		if t == nil {
-			items = append(items, item) // not a terminal, or not sandboxd's
+		if !ok || w.p.agentTerminal(w.sessionID, id) {
+			items = append(items, item) // not a terminal, or the agent's own
 			continue
 		}
-		b, err := marshal(textContent{Type: "content", Content: textBlock{Type: "text", Text: terminalText(t)}})
+		text := fmt.Sprintf("(the output of terminal %s is not available)", id)
+		for _, t := range w.terms {
+			if t.ID == id {
+				text = terminalText(t)
+			}
+		}
+		b, err := marshal(textContent{Type: "content", Content: textBlock{Type: "text", Text: text}})
 		if err != nil {
 			continue
 		}

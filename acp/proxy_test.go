@@ -270,9 +270,11 @@ func TestWrapRewriteUpdate(t *testing.T) {
 		{"message chunk", `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"a terminal"}}}}`, "", false},
 		{"text content", `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c","content":[{"type":"content","content":{"type":"text","text":"terminal"}}]}}}`, "", false},
 		{"status only", `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call_update","toolCallId":"c","status":"completed"}}}`, "", false},
-		// A terminal that is not sandboxd's is the agent's own: it goes on
-		// as it is, for the editor to render from the agent's _meta.
-		{"unknown terminal", `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c","title":"<ls>","content":[{"type":"terminal","terminalId":"term_x"},{"type":"diff","path":"/a","newText":"b"}]},"_meta":{"keep":1}}}`, "", false},
+		// A terminal the editor cannot know of becomes a note.
+		{"unknown terminal", `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c","title":"<ls>","content":[{"type":"terminal","terminalId":"term_x"},{"type":"diff","path":"/a","newText":"b"}]},"_meta":{"keep":1}}}`,
+			`{"jsonrpc":"2.0","method":"session/update","params":{"_meta":{"keep":1},"sessionId":"s","update":{"content":[{"type":"content","content":{"type":"text","text":"(the output of terminal term_x is not available)"}},{"type":"diff","path":"/a","newText":"b"}],"sessionUpdate":"tool_call","title":"<ls>","toolCallId":"c"}}}`, false},
+		// One the agent runs itself and names in its own _meta goes on
+		// as it is, for the editor to render from that _meta.
 		{"the agent's own terminal, for Zed", `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"toolu_1","kind":"execute","content":[{"type":"terminal","terminalId":"toolu_1"}],"_meta":{"terminal_info":{"terminal_id":"toolu_1","cwd":"/w"}}}}}`, "", true},
 		{"the agent's own terminal exits", `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call_update","toolCallId":"toolu_1","status":"completed","content":[{"type":"terminal","terminalId":"toolu_1"}],"_meta":{"terminal_exit":{"terminal_id":"toolu_1","exit_code":0,"signal":null}}}}}`, "", true},
 	}

@@ -394,7 +394,7 @@ func (d *Dispatcher) cancel(req *jsonrpc2.Request) {
 		RequestID json.RawMessage `json:"requestId"`
 	}
 	var id jsonrpc2.ID
-	if err := json.Unmarshal(*req.Params, &p); err != nil || len(p.RequestID) == 0 {
+	if err := json.Unmarshal(*req.Params, &p); err != nil || len(p.RequestID) == 0 || string(p.RequestID) == "null" {
 		d.log.Debug("bad $/cancel_request", "err", err)
 		return
 	}

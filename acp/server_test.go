@@ -284,8 +284,15 @@ func TestNullIDAndCancelAsRequestAreAnswered(t *testing.T) {
 	if rep := recv(); rep["id"] != "c1" || rep["error"] != nil {
 		t.Errorf("reply = %v, want a result for c1", rep)
 	}
-	send(`{"jsonrpc":"2.0","id":4,"method":"echo","params":{}}`)
-	if rep := recv(); rep["id"] != float64(4) || rep["error"] != nil {
-		t.Errorf("reply = %v", rep)
+	// A cancel naming id null cancels nothing, request 0 least of all.
+	send(`{"jsonrpc":"2.0","id":0,"method":"block","params":{}}`)
+	send(`{"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":null}}`)
+	send(`{"jsonrpc":"2.0","id":5,"method":"echo","params":{}}`)
+	if rep := recv(); rep["id"] != float64(5) {
+		t.Errorf("reply = %v, want the echo: request 0 was cancelled by a cancel of null", rep)
+	}
+	send(`{"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":0}}`)
+	if rep := recv(); rep["id"] != float64(0) || errCode(rep) != CodeCancelled {
+		t.Errorf("reply = %v, want -32800 for 0", rep)
 	}
 }

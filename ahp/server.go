@@ -150,7 +150,9 @@ func WriteToken(file, token string) error {
 	if ok && int(st.Uid) != os.Getuid() && st.Uid != 0 {
 		return fmt.Errorf("write token %s: %s belongs to uid %d, not to this user", file, dir, st.Uid)
 	}
-	if fi.Mode().Perm()&0o022 != 0 && fi.Mode()&os.ModeSticky == 0 {
+	// Group-writable is left alone, as for the image's cache: with a
+	// private group per user and umask 002 everything a user makes is.
+	if fi.Mode().Perm()&0o002 != 0 && fi.Mode()&os.ModeSticky == 0 {
 		return fmt.Errorf("write token %s: others may write to %s (mode %v); choose a private directory", file, dir, fi.Mode().Perm())
 	}
 	tmp, err := os.CreateTemp(dir, ".ahp-token-*")

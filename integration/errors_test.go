@@ -265,7 +265,7 @@ func TestCreateReadsArgsEnvAndCwdAsTheSchemaSays(t *testing.T) {
 		want   string
 	}{
 		{"items of the wrong shape left out", map[string]any{
-			"command": "/bin/sh", "args": []any{"-c", 5, "echo $A $B; pwd"},
+			"command": "/bin/sh", "args": []any{"-c", nil, 5, "echo $A $B; pwd"},
 			"env": []any{map[string]any{"name": "A", "value": "1"}, map[string]any{"name": "X"}, "junk", map[string]any{"name": "B", "value": "2"}},
 			"cwd": 7,
 		}, "1 2\n" + ws + "\n"},

@@ -146,6 +146,9 @@ func TestSignalRemovesContainers(t *testing.T) {
 			if _, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: "sig", Command: "sleep", Args: []string{"307"}}); err != nil {
 				t.Fatal(err)
 			}
+			// Twice, as a closed terminal sends SIGHUP, or Ctrl-C reaches
+			// both a wrapper and sandboxd: one request to shut down.
+			srv.cmd.Process.Signal(sig)
 			srv.cmd.Process.Signal(sig)
 			select {
 			case <-srv.done:

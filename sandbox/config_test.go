@@ -236,3 +236,33 @@ func TestCheckMountSource(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckMountSourceAllowsRemovableMedia: a project on a disk mounted
+// under /run/media is a workspace like any other; the rest of /run is not.
+func TestCheckMountSourceAllowsRemovableMedia(t *testing.T) {
+	media, err := os.MkdirTemp("/run", "media-test-")
+	if err != nil {
+		t.Skipf("cannot make a directory in /run here: %v", err)
+	}
+	defer os.RemoveAll(media)
+	if err := checkMountSource(media, ""); err == nil || !strings.Contains(err.Error(), "the host's /run") {
+		t.Errorf("%s: err = %v, want it refused", media, err)
+	}
+	if _, err := os.Stat("/run/media"); os.IsNotExist(err) {
+		if err := os.Mkdir("/run/media", 0o755); err != nil {
+			t.Skipf("cannot make /run/media here: %v", err)
+		}
+		defer os.Remove("/run/media")
+	}
+	project, err := os.MkdirTemp("/run/media", "disk-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(project)
+	if err := checkMountSource(project, ""); err != nil {
+		t.Errorf("%s: %v, want it allowed", project, err)
+	}
+	if err := checkMountSource("/run/media", ""); err == nil {
+		t.Error("/run/media itself allowed")
+	}
+}

@@ -299,6 +299,14 @@ func (m *Manager) Get(ctx context.Context, key string) (*Session, error) {
 	return s, nil
 }
 
+// Lookup returns the session under key, started or not, or nil; it does
+// not wait.
+func (m *Manager) Lookup(key string) *Session {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.sessions[key]
+}
+
 // CloseSession removes the session under key and its container.
 func (m *Manager) CloseSession(ctx context.Context, key string) error {
 	m.mu.Lock()

@@ -213,9 +213,11 @@ func checkMountSource(dir, engineSocket string) error {
 		return fmt.Errorf("%w: workspace: %q is the host's root directory; run sandboxd in a project directory", ErrInvalid, dir)
 	}
 	// The host's kernel and runtime directories: /run holds the sockets
-	// of the engine, containerd and the system bus, each a way out.
+	// of the engine, containerd and the system and user buses, each a
+	// way out. Removable media are mounted under /run/media, and a
+	// project may well live there.
 	for _, h := range []string{"/proc", "/sys", "/dev", "/run"} {
-		if Within(real, h) || Within(h, real) {
+		if Within(real, h) || Within(h, real) && !(Within("/run/media", real) && real != "/run/media") {
 			return fmt.Errorf("%w: workspace: %q is or holds the host's %s, which no sandbox may see", ErrInvalid, dir, h)
 		}
 	}

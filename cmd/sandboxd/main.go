@@ -54,12 +54,9 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	// its containers behind.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
-	// The first signal starts an orderly shutdown; a second one, for a
-	// shutdown that hangs on the engine, kills sandboxd the usual way.
-	go func() {
-		<-ctx.Done()
-		stop()
-	}()
+	finished := make(chan struct{})
+	defer close(finished)
+	go escalate(ctx, finished)
 	// A write to a peer or pipe that went away must fail, not kill
 	// sandboxd before it removed its containers. Notify rather than
 	// Ignore: an ignored SIGPIPE would be inherited by what it starts.
@@ -99,6 +96,24 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return code
+}
+
+// escalate lets a second SIGINT or SIGTERM end sandboxd the usual way
+// once the orderly shutdown the first began has had a while, for one that
+// hangs on the engine. Signals that come with the first are the same
+// request (a closed terminal sends SIGHUP twice, Ctrl-C reaches npm and
+// the sandboxd it runs), and SIGHUP never escalates.
+func escalate(ctx context.Context, finished <-chan struct{}) {
+	select {
+	case <-ctx.Done():
+	case <-finished:
+		return
+	}
+	select {
+	case <-time.After(2 * time.Second):
+		signal.Reset(syscall.SIGINT, syscall.SIGTERM)
+	case <-finished:
+	}
 }
 
 type usageError struct{ error }
