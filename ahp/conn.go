@@ -248,7 +248,7 @@ func (c *conn) handle(ctx context.Context, data []byte) {
 			res, rerr = c.reconnectLocked(m.Params)
 		}
 	case m.Method == "ping":
-		res = struct{}{}
+		// No payload either way: the result is null.
 	case m.Method == "unsubscribe":
 		var p struct {
 			Channel string `json:"channel"`
@@ -329,7 +329,7 @@ func (c *conn) subscribeLocked(params json.RawMessage) (any, *rpcError) {
 	s := c.s
 	snap, ok := s.snapshotLocked(p.Channel)
 	if !ok {
-		return nil, invalid("subscribe: unknown channel %q", p.Channel)
+		return nil, &rpcError{Code: codeNotFound, Message: fmt.Sprintf("subscribe: unknown channel %q", p.Channel)}
 	}
 	c.mu.Lock()
 	c.subs[p.Channel] = true
@@ -385,16 +385,25 @@ func (c *conn) reconnectLocked(params json.RawMessage) (any, *rpcError) {
 // dispatch handles a client's action.
 func (c *conn) dispatch(params json.RawMessage) {
 	var p struct {
-		Channel   string `json:"channel"`
-		ClientSeq int64  `json:"clientSeq"`
-		Action    Action `json:"action"`
+		Channel   string          `json:"channel"`
+		ClientSeq int64           `json:"clientSeq"`
+		Action    json.RawMessage `json:"action"`
 	}
-	if err := json.Unmarshal(params, &p); err != nil {
-		c.s.log.Debug("bad dispatchAction", "err", err)
-		return
-	}
+	perr := json.Unmarshal(params, &p)
 	c.mu.Lock()
 	origin := &Origin{ClientID: c.clientID, ClientSeq: p.ClientSeq}
 	c.mu.Unlock()
-	c.s.apply(c, p.Channel, p.Action, origin)
+	var a Action
+	if perr == nil {
+		perr = json.Unmarshal(p.Action, &a)
+	}
+	if perr != nil {
+		// Every dispatch is answered, so the client can drop its
+		// optimistic copy: this one with why it did not decode.
+		c.s.mu.Lock()
+		c.s.rejectLocked(c, p.Channel, p.Action, origin, fmt.Sprintf("malformed action: %v", perr))
+		c.s.mu.Unlock()
+		return
+	}
+	c.s.apply(c, p.Channel, a, p.Action, origin)
 }

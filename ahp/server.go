@@ -35,9 +35,10 @@ const (
 	codeMethodNotFound   = -32601
 	codeInvalidParams    = -32602
 	codeInternal         = -32603
-	codeAlreadyExists    = -32003
 	codeUnsupportedProto = -32005
 	codeAuthRequired     = -32007
+	codeNotFound         = -32008
+	codeAlreadyExists    = -32010
 )
 
 // SessionFor returns the session whose container a terminal with working
@@ -91,6 +92,29 @@ type Envelope struct {
 	ServerSeq       int64   `json:"serverSeq"`
 	Origin          *Origin `json:"origin,omitempty"`
 	RejectionReason string  `json:"rejectionReason,omitempty"`
+	// RawAction, when set, is the action as the client sent it, echoed
+	// in place of Action: a rejected action may not decode as one.
+	RawAction json.RawMessage `json:"-"`
+}
+
+// MarshalJSON writes RawAction as the action when it is set.
+func (e Envelope) MarshalJSON() ([]byte, error) {
+	type plain Envelope // without this method
+	if e.RawAction == nil {
+		return json.Marshal(plain(e))
+	}
+	return json.Marshal(struct {
+		plain
+		Action json.RawMessage `json:"action"`
+	}{plain(e), e.RawAction})
+}
+
+// size is what the replay counts an envelope's action as.
+func (e Envelope) size() int {
+	if e.RawAction != nil {
+		return 64 + len(e.RawAction)
+	}
+	return e.Action.size()
 }
 
 // Origin names the client that dispatched an action.
@@ -114,6 +138,10 @@ func NewServer(ctx context.Context, cfg Config, log *slog.Logger) *Server {
 		cfg.Backlog = 16 << 20
 	}
 	return &Server{
+		// Numbered from the time it starts, so that a client of an
+		// earlier run that reconnects is given snapshots, never a replay
+		// of this run's actions as if they were what it missed.
+		seq:   time.Now().UnixMicro(),
 		cfg:   cfg,
 		log:   log,
 		ctx:   ctx,
@@ -257,7 +285,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 			json.Unmarshal(data, &m)
 			if len(m.ID) > 0 {
-				b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": m.ID, "error": map[string]any{"code": codeAuthRequired, "message": "authentication required: present the token sandboxd wrote at start"}})
+				b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": m.ID, "error": map[string]any{"code": codeAuthRequired, "message": "authentication required: present the token sandboxd wrote at start", "data": map[string]any{"resources": []any{}}}})
 				ws.Write(ctx, websocket.MessageText, b)
 			}
 		}
@@ -297,26 +325,49 @@ func (s *Server) emitLocked(channel string, a Action, origin *Origin) {
 		return
 	}
 	s.seq++
-	env := Envelope{Channel: channel, Action: a, ServerSeq: s.seq, Origin: origin}
+	s.publishLocked(Envelope{Channel: channel, Action: a, ServerSeq: s.seq, Origin: origin}, nil)
+}
+
+// rejectLocked numbers a client's action that did not take effect and
+// echoes it with the reason, as the action it sent, to the channel's
+// subscribers and to the client: the client drops its optimistic copy,
+// the others see nothing applied. s.mu must be held.
+func (s *Server) rejectLocked(from *conn, channel string, raw json.RawMessage, origin *Origin, reason string) {
+	if len(raw) == 0 {
+		raw = json.RawMessage("null")
+	}
+	s.seq++
+	from.hold() // the echo leaves from the client's reader
+	s.publishLocked(Envelope{Channel: channel, RawAction: raw, ServerSeq: s.seq, Origin: origin, RejectionReason: reason}, from)
+}
+
+// publishLocked keeps env for replay and sends it to the channel's
+// subscribers, and to also when it is not one. s.mu must be held.
+func (s *Server) publishLocked(env Envelope, also *conn) {
 	s.replay = append(s.replay, env)
-	s.replayBytes += a.size()
+	s.replayBytes += env.size()
 	if len(s.replay) > s.cfg.ReplayActions || s.replayBytes > s.cfg.ReplayBytes {
 		// Drop at least a quarter, so the copy is paid rarely; a reconnect
 		// from before what is kept gets snapshots.
 		drop, quarter := 0, len(s.replay)/4
 		for drop < len(s.replay)-1 && (drop < quarter || len(s.replay)-drop > s.cfg.ReplayActions || s.replayBytes > s.cfg.ReplayBytes) {
-			s.replayBytes -= s.replay[drop].Action.size()
+			s.replayBytes -= s.replay[drop].size()
 			drop++
 		}
 		s.replay = slices.Delete(s.replay, 0, drop)
 	}
 	var msg []byte
 	for c := range s.conns {
-		if c.subscribed(channel) {
+		if c == also || c.subscribed(env.Channel) {
 			if msg == nil {
 				msg = notification("action", env)
 			}
 			c.send(msg)
+		}
+	}
+	if also != nil {
+		if _, ok := s.conns[also]; !ok {
+			also.send(notification("action", env)) // a connection not (yet) listed
 		}
 	}
 }

@@ -71,6 +71,8 @@ func TestReplayIsBounded(t *testing.T) {
 
 func TestReconnect(t *testing.T) {
 	s := testServer(Config{ReplayActions: 10})
+	// Numbers are relative to where this run started counting.
+	base := s.seq
 	for range 30 {
 		s.emit("ahp-terminal:/t", Action{Type: "terminal/data", Data: "x"}, nil)
 	}
@@ -85,9 +87,11 @@ func TestReconnect(t *testing.T) {
 		{name: "up to date", lastSeen: 30, want: "replay", actions: 0},
 		{name: "before the buffer", lastSeen: 5, want: "snapshot"},
 		{name: "from the future", lastSeen: 99, want: "snapshot"},
+		// A client of an earlier run, whose numbers are far lower.
+		{name: "from an earlier run", lastSeen: -base + 25, want: "snapshot"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			params, _ := json.Marshal(map[string]any{"clientId": "c", "lastSeenServerSeq": tc.lastSeen, "subscriptions": []string{"ahp-terminal:/t", "ahp-terminal:/gone"}})
+			params, _ := json.Marshal(map[string]any{"clientId": "c", "lastSeenServerSeq": base + tc.lastSeen, "subscriptions": []string{"ahp-terminal:/t", "ahp-terminal:/gone"}})
 			s.mu.Lock()
 			res, rerr := c.reconnectLocked(params)
 			s.mu.Unlock()
@@ -106,7 +110,7 @@ func TestReconnect(t *testing.T) {
 				t.Fatalf("type = %q, want %q: %s", r.Type, tc.want, b)
 			}
 			if r.Type == "replay" {
-				if len(r.Actions) != tc.actions || (tc.actions > 0 && r.Actions[0].ServerSeq != tc.lastSeen+1) {
+				if len(r.Actions) != tc.actions || (tc.actions > 0 && r.Actions[0].ServerSeq != base+tc.lastSeen+1) {
 					t.Errorf("replayed %s", b)
 				}
 				if len(r.Missing) != 1 || r.Missing[0] != "ahp-terminal:/gone" {
@@ -431,7 +435,7 @@ func TestHandshakeComesFirst(t *testing.T) {
 		{`{"jsonrpc":"2.0","id":1,"method":"subscribe","params":{"channel":"ahp-terminal:/t"}}`, `"code":-32600`},
 		{`{"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":"ahp-terminal:/t","clientSeq":1,"action":{"type":"terminal/claimed","claim":{"kind":"client","clientId":""}}}}`, ""},
 		{`{"jsonrpc":"2.0","id":2,"method":"createTerminal","params":{"channel":"ahp-terminal:/n","claim":{"kind":"client","clientId":"c"}}}`, `"code":-32600`},
-		{`{"jsonrpc":"2.0","id":3,"method":"ping"}`, `"result":{}`},
+		{`{"jsonrpc":"2.0","id":3,"method":"ping"}`, `"result":null`},
 		{`{"jsonrpc":"2.0","id":4,"method":"initialize","params":{"protocolVersions":["0.4.0"],"clientId":"c"}}`, `"protocolVersion":"0.4.0"`},
 		{`{"jsonrpc":"2.0","id":5,"method":"initialize","params":{"protocolVersions":["0.4.0"],"clientId":"other"}}`, `"code":-32600`},
 		{`{"jsonrpc":"2.0","id":6,"method":"reconnect","params":{"clientId":"other","lastSeenServerSeq":0,"subscriptions":[]}}`, `"code":-32600`},
@@ -525,4 +529,115 @@ func TestWriteToken(t *testing.T) {
 			t.Errorf("token file still there: %v", err)
 		}
 	})
+}
+
+// TestRejectionsAndErrorsAsSpecified: a rejected action gets a serverSeq
+// of its own, is replayed, reaches the channel's subscribers as well as
+// its sender, and carries the action as sent; a malformed dispatch is
+// rejected too; a session claim can be narrowed within its session; and
+// the error codes are AHP's.
+func TestRejectionsAndErrorsAsSpecified(t *testing.T) {
+	s := testServer(Config{Token: "tok"})
+	s.terms["ahp-terminal:/t"].state.Claim = Claim{Kind: "session", Session: "copilot:/s1", TurnID: "turn1", ToolCallID: "call1"}
+	hs := httptest.NewServer(s)
+	defer hs.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	sender := dialSubscribed(t, hs.URL, "sender")
+	defer sender.CloseNow()
+	watcher := dialSubscribed(t, hs.URL, "watcher")
+	defer watcher.CloseNow()
+	type envelope struct {
+		Params struct {
+			Action          json.RawMessage `json:"action"`
+			ServerSeq       int64           `json:"serverSeq"`
+			RejectionReason string          `json:"rejectionReason"`
+			Origin          struct {
+				ClientSeq int64 `json:"clientSeq"`
+			} `json:"origin"`
+		} `json:"params"`
+		Error *rpcError `json:"error"`
+	}
+	read := func(ws *websocket.Conn) envelope {
+		t.Helper()
+		_, msg, err := ws.Read(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var e envelope
+		json.Unmarshal(msg, &e)
+		return e
+	}
+	send := func(req string) {
+		t.Helper()
+		if err := sender.Write(ctx, websocket.MessageText, []byte(req)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seq := s.seq
+	for i, tc := range []struct {
+		action, reason string
+	}{
+		{`{"type":"terminal/data","data":"forged"}`, "cannot be dispatched by a client"},
+		{`{"type":"terminal/resized","cols":80.5,"rows":24}`, "malformed action"},
+		{`{"type":"terminal/claimed","claim":{"kind":"client","clientId":"sender"}}`, "only the holder of the claim"},
+	} {
+		send(fmt.Sprintf(`{"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":"ahp-terminal:/t","clientSeq":%d,"action":%s}}`, i+1, tc.action))
+		seq++
+		for _, ws := range []*websocket.Conn{sender, watcher} {
+			e := read(ws)
+			if e.Params.ServerSeq != seq || !strings.Contains(e.Params.RejectionReason, tc.reason) || string(e.Params.Action) != tc.action || e.Params.Origin.ClientSeq != int64(i+1) {
+				t.Errorf("%s: got %+v (action %s), want serverSeq %d, a rejection for %q, the action as sent", tc.action, e.Params, e.Params.Action, seq, tc.reason)
+			}
+		}
+	}
+	if n := len(s.replay); n == 0 || s.replay[n-1].ServerSeq != seq || s.replay[n-1].RejectionReason == "" {
+		t.Errorf("the last rejection is not kept for replay: %+v", s.replay)
+	}
+	// Detaching the tool call's terminal: narrowed within its session.
+	send(`{"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":"ahp-terminal:/t","clientSeq":9,"action":{"type":"terminal/claimed","claim":{"kind":"session","session":"copilot:/s1"}}}}`)
+	if e := read(sender); e.Params.RejectionReason != "" || e.Params.ServerSeq != seq+1 {
+		t.Errorf("narrowing a session claim: %+v", e.Params)
+	}
+	for _, tc := range []struct {
+		req  string
+		code int
+	}{
+		{`{"jsonrpc":"2.0","id":20,"method":"subscribe","params":{"channel":"ahp-terminal:/none"}}`, codeNotFound},
+		{`{"jsonrpc":"2.0","id":21,"method":"disposeTerminal","params":{"channel":"ahp-terminal:/none"}}`, codeNotFound},
+		{`{"jsonrpc":"2.0","id":22,"method":"createTerminal","params":{"channel":"ahp-terminal:/t","claim":{"kind":"client","clientId":"sender"}}}`, codeAlreadyExists},
+	} {
+		send(tc.req)
+		for {
+			e := read(sender)
+			if e.Error != nil {
+				if e.Error.Code != tc.code {
+					t.Errorf("%s: code %d, want %d", tc.req, e.Error.Code, tc.code)
+				}
+				break
+			}
+		}
+	}
+}
+
+// TestWrongTokenGetsAuthRequiredWithData: -32007 carries the
+// AuthRequiredErrorData the schema requires.
+func TestWrongTokenGetsAuthRequiredWithData(t *testing.T) {
+	s := testServer(Config{Token: "tok"})
+	hs := httptest.NewServer(s)
+	defer hs.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ws, _, err := websocket.Dial(ctx, hs.URL, &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer wrong"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.CloseNow()
+	if err := ws.Write(ctx, websocket.MessageText, []byte(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}`)); err != nil {
+		t.Fatal(err)
+	}
+	_, msg, err := ws.Read(ctx)
+	if err != nil || !strings.Contains(string(msg), `"code":-32007`) || !strings.Contains(string(msg), `"data":{"resources":[]}`) {
+		t.Errorf("reply %s, %v", msg, err)
+	}
 }

@@ -205,7 +205,7 @@ func (s *Server) disposeTerminal(ctx context.Context, params json.RawMessage) (a
 	ok = ok && t.t != nil
 	s.mu.Unlock()
 	if !ok {
-		return nil, invalid("disposeTerminal: unknown terminal %q", p.Channel)
+		return nil, &rpcError{Code: codeNotFound, Message: fmt.Sprintf("disposeTerminal: unknown terminal %q", p.Channel)}
 	}
 	// Once the terminal is out of the list its processes must go, even
 	// when the client that asked leaves meanwhile.
@@ -290,18 +290,20 @@ func (t *terminal) fold(max int) {
 // echoed to every subscriber, or it is echoed to the client alone with the
 // reason it was rejected. Either echo is queued under the lock, so that it
 // keeps its place among the actions the client receives.
-func (s *Server) apply(from *conn, channel string, a Action, origin *Origin) {
+func (s *Server) apply(from *conn, channel string, a Action, raw json.RawMessage, origin *Origin) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if reason := s.applyLocked(from, channel, a, origin); reason != "" {
-		from.hold()
-		from.send(notification("action", Envelope{Channel: channel, Action: a, ServerSeq: s.seq, Origin: origin, RejectionReason: reason}))
+		s.rejectLocked(from, channel, raw, origin, reason)
 	}
 }
 
 // applyLocked carries out an action and returns why it was rejected, or ""
 // when it took effect. s.mu must be held; resize leaves it meanwhile.
 func (s *Server) applyLocked(from *conn, channel string, a Action, origin *Origin) string {
+	if channel == RootURI {
+		return fmt.Sprintf("%s on the root channel is not supported by this server", a.Type)
+	}
 	t, ok := s.terms[channel]
 	if !ok || t.t == nil {
 		return fmt.Sprintf("unknown terminal %q", channel)
@@ -352,8 +354,13 @@ func (s *Server) applyLocked(from *conn, channel string, a Action, origin *Origi
 		if why := a.Claim.check(); why != "" {
 			return why
 		}
+		// The holder of a client claim may change it; a session's claim
+		// may be narrowed or widened within that session (a client
+		// detaching a tool call's terminal to the background).
 		cur := t.state.Claim
-		if cur.Kind != "client" || cur.ClientID != origin.ClientID {
+		holder := cur.Kind == "client" && cur.ClientID == origin.ClientID
+		sameSession := cur.Kind == "session" && a.Claim.Kind == "session" && a.Claim.Session == cur.Session
+		if !holder && !sameSession {
 			return fmt.Sprintf("only the holder of the claim may change it (held by %s %s%s)", cur.Kind, cur.ClientID, cur.Session)
 		}
 	case "terminal/titleChanged":
