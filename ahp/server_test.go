@@ -279,6 +279,17 @@ func TestSlowClientIsDisconnected(t *testing.T) {
 // dialSubscribed connects to a test server as clientID and subscribes to
 // its terminal.
 // dial connects with the token "tok".
+// serveTest serves a test server over HTTP for the test's duration, and
+// gives its URL and a context that bounds the test.
+func serveTest(t *testing.T, cfg Config) (*Server, string, context.Context) {
+	s := testServer(cfg)
+	hs := httptest.NewServer(s)
+	t.Cleanup(hs.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return s, hs.URL, ctx
+}
+
 func dial(t *testing.T, url string) *websocket.Conn {
 	t.Helper()
 	ws, _, err := websocket.Dial(context.Background(), url, &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer tok"}}})
@@ -311,12 +322,8 @@ func dialSubscribed(t *testing.T, url, clientID string) *websocket.Conn {
 // TestBinaryFrameIsAnswered checks that a binary frame gets InvalidRequest
 // and that the connection goes on serving.
 func TestBinaryFrameIsAnswered(t *testing.T) {
-	s := testServer(Config{Token: "tok"})
-	hs := httptest.NewServer(s)
-	defer hs.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	ws := dialSubscribed(t, hs.URL, "c")
+	s, url, ctx := serveTest(t, Config{Token: "tok"})
+	ws := dialSubscribed(t, url, "c")
 	defer ws.CloseNow()
 	if err := ws.Write(ctx, websocket.MessageBinary, []byte(`{"jsonrpc":"2.0","id":3,"method":"ping"}`)); err != nil {
 		t.Fatal(err)
@@ -424,12 +431,8 @@ func TestSubscribeAnswerPrecedesNewerActions(t *testing.T) {
 // TestHandshakeComesFirst checks that a connection is served nothing but
 // ping before initialize (or reconnect), and initializes once.
 func TestHandshakeComesFirst(t *testing.T) {
-	s := testServer(Config{Token: "tok"})
-	hs := httptest.NewServer(s)
-	defer hs.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	ws := dial(t, hs.URL)
+	s, url, ctx := serveTest(t, Config{Token: "tok"})
+	ws := dial(t, url)
 	defer ws.CloseNow()
 	for _, tc := range []struct{ req, want string }{
 		{`{"jsonrpc":"2.0","id":1,"method":"subscribe","params":{"channel":"ahp-terminal:/t"}}`, `"code":-32600`},
@@ -537,15 +540,11 @@ func TestWriteToken(t *testing.T) {
 // rejected too; a session claim can be narrowed within its session; and
 // the error codes are AHP's.
 func TestRejectionsAndErrorsAsSpecified(t *testing.T) {
-	s := testServer(Config{Token: "tok"})
+	s, url, ctx := serveTest(t, Config{Token: "tok"})
 	s.terms["ahp-terminal:/t"].state.Claim = Claim{Kind: "session", Session: "copilot:/s1", TurnID: "turn1", ToolCallID: "call1"}
-	hs := httptest.NewServer(s)
-	defer hs.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	sender := dialSubscribed(t, hs.URL, "sender")
+	sender := dialSubscribed(t, url, "sender")
 	defer sender.CloseNow()
-	watcher := dialSubscribed(t, hs.URL, "watcher")
+	watcher := dialSubscribed(t, url, "watcher")
 	defer watcher.CloseNow()
 	type envelope struct {
 		Params struct {
@@ -623,12 +622,8 @@ func TestRejectionsAndErrorsAsSpecified(t *testing.T) {
 // TestWrongTokenGetsAuthRequiredWithData: -32007 carries the
 // AuthRequiredErrorData the schema requires.
 func TestWrongTokenGetsAuthRequiredWithData(t *testing.T) {
-	s := testServer(Config{Token: "tok"})
-	hs := httptest.NewServer(s)
-	defer hs.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	ws, _, err := websocket.Dial(ctx, hs.URL, &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer wrong"}}})
+	_, url, ctx := serveTest(t, Config{Token: "tok"})
+	ws, _, err := websocket.Dial(ctx, url, &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer wrong"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
