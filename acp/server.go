@@ -39,11 +39,47 @@ type LineStream struct {
 	max int
 
 	wmu sync.Mutex
+
+	// late holds the error replies ReadObject makes, which a goroutine of
+	// their own writes (started with the first): the reader must not wait
+	// for the peer to read, or a peer that writes all its requests before
+	// it reads waits for sandboxd as sandboxd waits for it. Beyond its
+	// capacity the reader waits after all.
+	late      chan []byte
+	lateOnce  sync.Once
+	closed    chan struct{}
+	closeOnce sync.Once
 }
+
+// lateReplies bounds the replies written for the reader of a connection.
+const lateReplies = 256
 
 // NewLineStream frames messages on rwc.
 func NewLineStream(rwc io.ReadWriteCloser, log *slog.Logger) *LineStream {
-	return &LineStream{r: bufio.NewReaderSize(rwc, 64<<10), w: rwc, c: rwc, log: log, max: MaxMessageSize}
+	return &LineStream{r: bufio.NewReaderSize(rwc, 64<<10), w: rwc, c: rwc, log: log, max: MaxMessageSize,
+		late: make(chan []byte, lateReplies), closed: make(chan struct{})}
+}
+
+// writeLater queues a line for the late writer.
+func (s *LineStream) writeLater(b []byte) {
+	s.lateOnce.Do(func() { go s.writeLate() })
+	select {
+	case s.late <- b:
+	case <-s.closed:
+	}
+}
+
+func (s *LineStream) writeLate() {
+	for {
+		select {
+		case b := <-s.late:
+			if err := s.WriteLine(b); err != nil {
+				s.log.Debug("reply to bad message", "err", err)
+			}
+		case <-s.closed:
+			return
+		}
+	}
 }
 
 // WriteObject writes obj as one line.
@@ -273,18 +309,23 @@ func (s *LineStream) replyError(id json.RawMessage, code int, msg string) {
 		id = json.RawMessage("null")
 	}
 	s.log.Warn("bad message from peer", "code", code, "err", msg)
-	err := s.WriteObject(map[string]any{
+	b, err := json.Marshal(map[string]any{
 		"jsonrpc": "2.0",
 		"id":      id,
 		"error":   map[string]any{"code": code, "message": msg},
 	})
 	if err != nil {
 		s.log.Debug("reply to bad message", "err", err)
+		return
 	}
+	s.writeLater(b)
 }
 
 // Close closes the underlying connection.
-func (s *LineStream) Close() error { return s.c.Close() }
+func (s *LineStream) Close() error {
+	s.closeOnce.Do(func() { close(s.closed) })
+	return s.c.Close()
+}
 
 // RequestHandler answers one request by method and params.
 type RequestHandler interface {
@@ -299,6 +340,9 @@ type Dispatcher struct {
 	log *slog.Logger
 
 	limit *requestLimiter
+	// late bounds the replies the reader hands to goroutines of their
+	// own, for the reason LineStream.late gives.
+	late chan struct{}
 
 	mu      sync.Mutex
 	pending map[string]context.CancelFunc
@@ -307,7 +351,7 @@ type Dispatcher struct {
 
 // NewDispatcher wraps h.
 func NewDispatcher(h RequestHandler, log *slog.Logger) *Dispatcher {
-	return &Dispatcher{h: h, log: log, pending: make(map[string]context.CancelFunc), limit: newRequestLimiter()}
+	return &Dispatcher{h: h, log: log, pending: make(map[string]context.CancelFunc), limit: newRequestLimiter(), late: make(chan struct{}, lateReplies)}
 }
 
 // Handle implements jsonrpc2.Handler. It is called in message order, so a
@@ -318,9 +362,11 @@ func (d *Dispatcher) Handle(ctx context.Context, conn *jsonrpc2.Conn, req *jsonr
 		d.cancel(req)
 		if !req.Notif {
 			// Sent as a request: it gets its answer.
-			if err := conn.Reply(ctx, req.ID, nil); err != nil {
-				d.log.Debug("reply", "method", req.Method, "err", err)
-			}
+			d.later(func() {
+				if err := conn.Reply(ctx, req.ID, nil); err != nil {
+					d.log.Debug("reply", "method", req.Method, "err", err)
+				}
+			})
 		}
 		return
 	}
@@ -333,12 +379,12 @@ func (d *Dispatcher) Handle(ctx context.Context, conn *jsonrpc2.Conn, req *jsonr
 	_, dup := d.pending[key]
 	d.mu.Unlock()
 	if dup {
-		d.replyError(ctx, conn, req, duplicateID(req.ID.String()))
+		d.later(func() { d.replyError(ctx, conn, req, duplicateID(req.ID.String())) })
 		return
 	}
 	release, err := d.limit.acquire(req.Method)
 	if err != nil {
-		d.replyError(ctx, conn, req, err)
+		d.later(func() { d.replyError(ctx, conn, req, err) })
 		return
 	}
 	rctx, cancel := context.WithCancel(ctx)
@@ -383,6 +429,22 @@ func duplicateID(id string) error {
 func (d *Dispatcher) replyError(ctx context.Context, conn *jsonrpc2.Conn, req *jsonrpc2.Request, err error) {
 	if rerr := conn.ReplyWithError(ctx, req.ID, rpcError(ctx, err)); rerr != nil {
 		d.log.Debug("reply", "method", req.Method, "err", rerr)
+	}
+}
+
+// later writes a reply the reader makes in a goroutine of its own, at most
+// lateReplies at once; beyond them the reader writes it itself.
+func (d *Dispatcher) later(reply func()) {
+	select {
+	case d.late <- struct{}{}:
+		d.wg.Add(1)
+		go func() {
+			defer d.wg.Done()
+			defer func() { <-d.late }()
+			reply()
+		}()
+	default:
+		reply()
 	}
 }
 

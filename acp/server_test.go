@@ -117,9 +117,10 @@ func TestLineStreamSurvivesBadLines(t *testing.T) {
 }
 
 func TestLineStreamTooLong(t *testing.T) {
-	var out bytes.Buffer
 	in := `{"jsonrpc":"2.0","id":"big","method":"echo","params":"` + strings.Repeat("x", MaxMessageSize+10) + "\"}\n" + `{"jsonrpc":"2.0","id":1,"method":"echo"}` + "\n"
-	s := NewLineStream(pipeConn{strings.NewReader(in), &out}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	pr, pw := io.Pipe()
+	s := NewLineStream(pipeConn{strings.NewReader(in), pw}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	defer s.Close()
 	var req jsonrpc2.Request
 	if err := s.ReadObject(&req); err != nil {
 		t.Fatalf("ReadObject: %v", err)
@@ -127,8 +128,10 @@ func TestLineStreamTooLong(t *testing.T) {
 	if req.Method != "echo" {
 		t.Errorf("method = %q", req.Method)
 	}
-	if !strings.Contains(out.String(), `"code":-32600`) || !strings.Contains(out.String(), `"id":"big"`) {
-		t.Errorf("no error reply to request big for the long line: %q", out.String())
+	// The reply is written by a goroutine of its own, not the reader.
+	out, err := bufio.NewReader(pr).ReadString('\n')
+	if err != nil || !strings.Contains(out, `"code":-32600`) || !strings.Contains(out, `"id":"big"`) {
+		t.Errorf("no error reply to request big for the long line: %q, %v", out, err)
 	}
 }
 
