@@ -341,6 +341,11 @@ func (t *Terminals) SessionFor(ctx context.Context, dir string) (*sandbox.Sessio
 		}
 	}
 	if err := t.checkWorkspace("cwd", dir); err != nil {
+		// Said as the sandbox says it: the AHP server maps that.
+		var re *jsonrpc2.Error
+		if errors.As(err, &re) {
+			return nil, fmt.Errorf("%w: %s", sandbox.ErrInvalid, re.Message)
+		}
 		return nil, err
 	}
 	spec := t.defaults

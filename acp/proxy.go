@@ -759,9 +759,11 @@ func (p *Proxy) rewriteUpdate(line []byte, params json.RawMessage) []byte {
 		}
 		return nil
 	}
-	if metaMode && w == nil {
+	if metaMode && w == nil && len(unknown) == 0 {
 		// Zed creates its display terminal from the terminal_info of a
 		// tool_call, one per tool call; later updates may name it freely.
+		// A terminal the editor cannot know of takes the text path, which
+		// makes it a note.
 		if kind == "tool_call" && len(ids) == 1 && len(terms) == 1 {
 			if out := p.announce(n.SessionID, callID, n.Update, terms[0]); out != nil {
 				return out.rewrite(line)

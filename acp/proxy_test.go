@@ -273,6 +273,8 @@ func TestWrapRewriteUpdate(t *testing.T) {
 		// A terminal the editor cannot know of becomes a note.
 		{"unknown terminal", `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c","title":"<ls>","content":[{"type":"terminal","terminalId":"term_x"},{"type":"diff","path":"/a","newText":"b"}]},"_meta":{"keep":1}}}`,
 			`{"jsonrpc":"2.0","method":"session/update","params":{"_meta":{"keep":1},"sessionId":"s","update":{"content":[{"type":"content","content":{"type":"text","text":"(the output of terminal term_x is not available)"}},{"type":"diff","path":"/a","newText":"b"}],"sessionUpdate":"tool_call","title":"<ls>","toolCallId":"c"}}}`, false},
+		{"unknown terminal, for Zed", `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c","content":[{"type":"terminal","terminalId":"term_x"}]}}}`,
+			`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"content":[{"type":"content","content":{"type":"text","text":"(the output of terminal term_x is not available)"}}],"sessionUpdate":"tool_call","toolCallId":"c"}}}`, true},
 		// One the agent runs itself and names in its own _meta goes on
 		// as it is, for the editor to render from that _meta.
 		{"the agent's own terminal, for Zed", `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"toolu_1","kind":"execute","content":[{"type":"terminal","terminalId":"toolu_1"}],"_meta":{"terminal_info":{"terminal_id":"toolu_1","cwd":"/w"}}}}}`, "", true},

@@ -296,6 +296,10 @@ func TestAHPTerminal(t *testing.T) {
 	}
 	c.initialize("client-1")
 	const term = "ahp-terminal:/t1"
+	// A cwd outside the served workspace is the client's mistake.
+	if r := c.call("createTerminal", map[string]any{"channel": "ahp-terminal:/etc", "claim": map[string]any{"kind": "client", "clientId": "client-1"}, "cwd": "file:///etc"}); r.Error == nil || r.Error.Code != -32602 {
+		t.Errorf("createTerminal in /etc: %+v, want -32602", r.Error)
+	}
 	r := c.call("createTerminal", map[string]any{"channel": term, "claim": map[string]any{"kind": "client", "clientId": "client-1"}, "name": "main", "cwd": "file://" + ws, "cols": 100, "rows": 30})
 	if r.Error != nil {
 		t.Fatalf("createTerminal: %+v", r.Error)

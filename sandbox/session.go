@@ -158,7 +158,11 @@ func ValidateSpec(cfg Config, hostCPUs int, spec SessionSpec) (SessionSpec, erro
 	} else if spec.Network != c.Network && spec.Network != "none" {
 		// Only the configured network or none: a client may tighten
 		// isolation, never loosen it.
-		return spec, fmt.Errorf("%w: network: %q is not allowed; use %q or \"none\"", ErrInvalid, spec.Network, c.Network)
+		allowed := `"none"`
+		if c.Network != "none" {
+			allowed = fmt.Sprintf(`%q or "none"`, c.Network)
+		}
+		return spec, fmt.Errorf("%w: network: %q is not allowed; use %s", ErrInvalid, spec.Network, allowed)
 	}
 	l := c.Limits()
 	if spec.Limits.CPUs != 0 {

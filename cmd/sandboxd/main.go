@@ -75,7 +75,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	case "gc":
 		err = cmdGC(ctx, args[1:], stdout, stderr)
 	case "config":
-		fmt.Fprint(stdout, sandboxd.DefaultConfig)
+		err = cmdConfig(args[1:], stdout, stderr)
 	default:
 		fmt.Fprintf(stderr, "sandboxd: unknown command %q\n\n%s", args[0], usage)
 		return 2
@@ -362,6 +362,19 @@ func cmdImage(ctx context.Context, args []string, stderr io.Writer) error {
 	b := images.Builder{Client: cli, Progress: stderr}
 	_, err = b.Build(ctx, *ref)
 	return err
+}
+
+func cmdConfig(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("config", "config",
+		"Prints the embedded default configuration, sandbox.toml, which --config FILE\noverrides key by key.", stderr)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
+	}
+	fmt.Fprint(stdout, sandboxd.DefaultConfig)
+	return nil
 }
 
 func cmdGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {

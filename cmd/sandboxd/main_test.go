@@ -28,6 +28,8 @@ func TestCommandLineErrors(t *testing.T) {
 		{[]string{"image", "-h"}, 0, "Usage: sandboxd image build"},
 		{[]string{"gc", "-h"}, 0, "Usage: sandboxd gc"},
 		{[]string{"nope"}, 2, "unknown command \"nope\""},
+		{[]string{"config", "-h"}, 0, "Usage: sandboxd config"},
+		{[]string{"config", "extra"}, 2, "unexpected argument \"extra\""},
 	}
 	for _, tc := range tests {
 		t.Run(strings.Join(tc.args, " ")[:min(40, len(strings.Join(tc.args, " ")))], func(t *testing.T) {
