@@ -619,6 +619,41 @@ func TestWrapSendsNothingForAClosedSession(t *testing.T) {
 	}
 }
 
+// TestNestedWorkspaceCannotBeSwappedForALink: a session whose cwd lies in
+// another session's workspace opens, and while that other session's
+// commands keep swapping the directory for a link to the host's /run, a
+// new session there either fails to open or mounts the real directory,
+// never the link's target.
+func TestNestedWorkspaceCannotBeSwappedForALink(t *testing.T) {
+	ws := workspace(t)
+	sub := filepath.Join(ws, "sub")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(sub, "marker"), "")
+	for _, p := range []string{sub, filepath.Join(sub, "marker")} {
+		if err := os.Chown(p, 1000, 1000); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w := startWrap(t, ws, acpsdk.ClientCapabilities{})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	outer := w.newSession(t, ctx, ws)
+	if got := w.prompt(t, ctx, w.newSession(t, ctx, sub), "run ls"); got != "exit=0 output=marker\n" {
+		t.Fatalf("nested session: %q", got)
+	}
+	if got := w.prompt(t, ctx, outer, "start cd "+ws+" && while :; do usleep 40000; mv sub sub.real && ln -s /run sub && usleep 40000 && rm sub && mv sub.real sub; done"); !strings.Contains(got, "started ") {
+		t.Fatalf("start the swapping: %q", got)
+	}
+	for range 12 {
+		got := w.prompt(t, ctx, w.newSession(t, ctx, sub), "run ls")
+		if strings.Contains(got, "docker") || strings.HasPrefix(got, "exit=0") && !strings.Contains(got, "marker") {
+			t.Errorf("a session in the swapped directory saw: %q", got)
+		}
+	}
+}
+
 func TestWrapAgentCrashLeavesNothing(t *testing.T) {
 	ws := workspace(t)
 	w := startWrap(t, ws, acpsdk.ClientCapabilities{})

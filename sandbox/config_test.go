@@ -230,7 +230,7 @@ func TestCheckMountSource(t *testing.T) {
 		{filepath.Join(dir, "missing"), "no such file"},
 	}
 	for _, tc := range tests {
-		err := checkMountSource(tc.dir, sock)
+		_, err := checkMountSource(tc.dir, sock)
 		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
 			t.Errorf("checkMountSource(%q) = %v, want %q", tc.dir, err, tc.want)
 		}
@@ -245,7 +245,7 @@ func TestCheckMountSourceAllowsRemovableMedia(t *testing.T) {
 		t.Skipf("cannot make a directory in /run here: %v", err)
 	}
 	defer os.RemoveAll(media)
-	if err := checkMountSource(media, ""); err == nil || !strings.Contains(err.Error(), "the host's /run") {
+	if _, err := checkMountSource(media, ""); err == nil || !strings.Contains(err.Error(), "the host's /run") {
 		t.Errorf("%s: err = %v, want it refused", media, err)
 	}
 	if _, err := os.Stat("/run/media"); os.IsNotExist(err) {
@@ -259,10 +259,10 @@ func TestCheckMountSourceAllowsRemovableMedia(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(project)
-	if err := checkMountSource(project, ""); err != nil {
+	if _, err := checkMountSource(project, ""); err != nil {
 		t.Errorf("%s: %v, want it allowed", project, err)
 	}
-	if err := checkMountSource("/run/media", ""); err == nil {
+	if _, err := checkMountSource("/run/media", ""); err == nil {
 		t.Error("/run/media itself allowed")
 	}
 }

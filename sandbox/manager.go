@@ -299,6 +299,38 @@ func (m *Manager) Get(ctx context.Context, key string) (*Session, error) {
 	return s, nil
 }
 
+// writableByAnother reports whether dir lies inside a directory another
+// session (or the spare) mounts writable, whose commands could swap dir
+// for a link.
+func (m *Manager) writableByAnother(s *Session, dir string) bool {
+	if m.cfg.Session.WorkspaceMode == "ro" {
+		return false
+	}
+	m.mu.Lock()
+	others := make([]*Session, 0, len(m.sessions)+1)
+	for _, o := range m.sessions {
+		others = append(others, o)
+	}
+	if m.spare != nil {
+		others = append(others, m.spare)
+	}
+	m.mu.Unlock()
+	for _, o := range others {
+		if o == s {
+			continue
+		}
+		o.mu.Lock()
+		sources := o.mountSources
+		o.mu.Unlock()
+		for _, src := range sources {
+			if src != dir && Within(src, dir) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // Lookup returns the session under key, started or not, or nil; it does
 // not wait.
 func (m *Manager) Lookup(key string) *Session {

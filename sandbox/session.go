@@ -50,11 +50,14 @@ type Session struct {
 	key string
 	m   *Manager
 
-	spec   SessionSpec // defaults filled in
-	user   string      // uid:gid
-	ready  chan struct{}
-	err    error // set before ready is closed
-	contID string
+	spec SessionSpec // defaults filled in
+	user string      // uid:gid
+	// mountSources are the workspace and extra directories, links
+	// resolved, once the session has checked them (guarded by mu).
+	mountSources []string
+	ready        chan struct{}
+	err          error // set before ready is closed
+	contID       string
 
 	mu        sync.Mutex
 	terminals map[string]*Terminal
@@ -208,13 +211,13 @@ func checkDir(spec SessionSpec) (string, error) {
 // one of the host's kernel and runtime directories, or holds the engine's
 // socket: `cd /run && sandboxd run ...` must not hand the engine to the
 // command. Links are resolved first, as the mount will.
-func checkMountSource(dir, engineSocket string) error {
-	real, err := filepath.EvalSymlinks(dir)
+func checkMountSource(dir, engineSocket string) (real string, err error) {
+	real, err = filepath.EvalSymlinks(dir)
 	if err != nil {
-		return fmt.Errorf("%w: workspace: %v", ErrInvalid, err)
+		return "", fmt.Errorf("%w: workspace: %v", ErrInvalid, err)
 	}
 	if real == "/" {
-		return fmt.Errorf("%w: workspace: %q is the host's root directory; run sandboxd in a project directory", ErrInvalid, dir)
+		return "", fmt.Errorf("%w: workspace: %q is the host's root directory; run sandboxd in a project directory", ErrInvalid, dir)
 	}
 	// The host's kernel and runtime directories: /run holds the sockets
 	// of the engine, containerd and the system and user buses, each a
@@ -222,12 +225,44 @@ func checkMountSource(dir, engineSocket string) error {
 	// project may well live there.
 	for _, h := range []string{"/proc", "/sys", "/dev", "/run"} {
 		if Within(real, h) || Within(h, real) && !(Within("/run/media", real) && real != "/run/media") {
-			return fmt.Errorf("%w: workspace: %q is or holds the host's %s, which no sandbox may see", ErrInvalid, dir, h)
+			return "", fmt.Errorf("%w: workspace: %q is or holds the host's %s, which no sandbox may see", ErrInvalid, dir, h)
 		}
 	}
 	if engineSocket != "" {
 		if sock, err := filepath.EvalSymlinks(engineSocket); err == nil && Within(real, sock) {
-			return fmt.Errorf("%w: workspace: %q holds the Docker Engine's socket %s, which would give commands the engine", ErrInvalid, dir, sock)
+			return "", fmt.Errorf("%w: workspace: %q holds the Docker Engine's socket %s, which would give commands the engine", ErrInvalid, dir, sock)
+		}
+	}
+	return real, nil
+}
+
+// mountCheck is a mount source as checked on the host, for verifyMounts.
+type mountCheck struct {
+	target   string
+	dev, ino uint64
+}
+
+// verifyMounts makes sure each target in the running container is the
+// directory that was checked. A source inside another session's writable
+// mount can be swapped for a link by that session's commands between the
+// check and the engine's mount, which follows links; the device and inode
+// seen from inside tell.
+func (s *Session) verifyMounts(ctx context.Context, checks []mountCheck) error {
+	cmd := []string{"stat", "-c", "%d:%i", "--"}
+	for _, c := range checks {
+		cmd = append(cmd, c.target)
+	}
+	out, err := s.execOutput(ctx, cmd)
+	if err != nil {
+		return fmt.Errorf("verify mounts: %w", err)
+	}
+	lines := strings.Fields(string(out))
+	if len(lines) != len(checks) {
+		return fmt.Errorf("verify mounts: stat gave %q", out)
+	}
+	for i, c := range checks {
+		if lines[i] != fmt.Sprintf("%d:%d", c.dev, c.ino) {
+			return fmt.Errorf("%w: workspace: %q changed between its check and its mount (%s, checked %d:%d)", ErrInvalid, c.target, lines[i], c.dev, c.ino)
 		}
 	}
 	return nil
@@ -269,11 +304,22 @@ func (s *Session) start(ctx context.Context) error {
 			return fmt.Errorf("open session %s: %w: additionalDirectories: %q is not a directory", s.ID, ErrInvalid, d)
 		}
 	}
+	var checks []mountCheck
+	real := make([]string, 0, 1+len(spec.ExtraDirs))
 	for _, d := range append([]string{spec.Workspace}, spec.ExtraDirs...) {
-		if err := checkMountSource(d, m.engineSocket()); err != nil {
+		r, err := checkMountSource(d, m.engineSocket())
+		if err != nil {
 			return fmt.Errorf("open session %s: %w", s.ID, err)
 		}
+		real = append(real, r)
+		var st syscall.Stat_t
+		if m.writableByAnother(s, r) && syscall.Stat(r, &st) == nil {
+			checks = append(checks, mountCheck{target: d, dev: uint64(st.Dev), ino: st.Ino})
+		}
 	}
+	s.mu.Lock()
+	s.mountSources = real
+	s.mu.Unlock()
 	s.user = user
 	cfg, hostCfg := containerConfig(m.cfg.Session, spec, user, m.instance.Labels(s.ID))
 	name := "sandboxd-" + m.instance.ID + "-" + containerSafe(s.ID)
@@ -314,6 +360,12 @@ func (s *Session) start(ctx context.Context) error {
 	if _, err := m.cli.ContainerStart(ctx, created.ID, client.ContainerStartOptions{}); err != nil {
 		s.removeContainer()
 		return fmt.Errorf("open session %s: start container: %w", s.ID, engineError(err))
+	}
+	if len(checks) > 0 {
+		if err := s.verifyMounts(ctx, checks); err != nil {
+			s.removeContainer()
+			return fmt.Errorf("open session %s: %w", s.ID, err)
+		}
 	}
 	m.log.Info("session opened", "session", s.ID, "container", created.ID[:12], "workspace", spec.Workspace, "user", user,
 		"cpus", spec.Limits.CPUs, "memory", limits.FormatBytes(spec.Limits.Memory), "pids", spec.Limits.Pids)
