@@ -652,6 +652,22 @@ func TestNestedWorkspaceCannotBeSwappedForALink(t *testing.T) {
 			t.Errorf("a session in the swapped directory saw: %q", got)
 		}
 	}
+	// A link on the way to a directory elsewhere, turned to /run and back:
+	// what is mounted is where the link led when it was checked.
+	other := workspace(t)
+	writeFile(t, filepath.Join(other, "elsewhere"), "")
+	if err := os.Symlink(other, filepath.Join(ws, "lnk")); err != nil {
+		t.Fatal(err)
+	}
+	if got := w.prompt(t, ctx, outer, "start cd "+ws+" && while :; do usleep 40000; ln -sfn /run lnk; usleep 40000; ln -sfn "+other+" lnk; done"); !strings.Contains(got, "started ") {
+		t.Fatalf("start the turning: %q", got)
+	}
+	for range 12 {
+		got := w.prompt(t, ctx, w.newSession(t, ctx, filepath.Join(ws, "lnk")), "run ls")
+		if strings.Contains(got, "docker") || strings.HasPrefix(got, "exit=0") && !strings.Contains(got, "elsewhere") {
+			t.Errorf("a session behind the turned link saw: %q", got)
+		}
+	}
 }
 
 func TestWrapAgentCrashLeavesNothing(t *testing.T) {

@@ -321,7 +321,7 @@ func (s *Session) start(ctx context.Context) error {
 	s.mountSources = real
 	s.mu.Unlock()
 	s.user = user
-	cfg, hostCfg := containerConfig(m.cfg.Session, spec, user, m.instance.Labels(s.ID))
+	cfg, hostCfg := containerConfig(m.cfg.Session, spec, real, user, m.instance.Labels(s.ID))
 	name := "sandboxd-" + m.instance.ID + "-" + containerSafe(s.ID)
 	suffix, err := randomID(3)
 	if err != nil {
@@ -375,7 +375,11 @@ func (s *Session) start(ctx context.Context) error {
 // containerConfig is the hardened container of DESIGN.md: no network, no
 // capabilities, no privilege gain, read-only root, init, limits, a non-root
 // user, and no host path but the workspace and what the config grants.
-func containerConfig(c SessionConfig, spec SessionSpec, user string, labels map[string]string) (*container.Config, *container.HostConfig) {
+//
+// sources are the workspace and extra directories with links resolved, as
+// checked: what the engine mounts, so that no link it would follow is one
+// that was not checked.
+func containerConfig(c SessionConfig, spec SessionSpec, sources []string, user string, labels map[string]string) (*container.Config, *container.HostConfig) {
 	cfg := &container.Config{
 		Image:      spec.Image,
 		Cmd:        []string{"sleep", "infinity"},
@@ -392,9 +396,9 @@ func containerConfig(c SessionConfig, spec SessionSpec, user string, labels map[
 		tmpfs[p] = fmt.Sprintf("rw,exec,nosuid,nodev,size=%d,mode=1777", int64(c.ScratchSize))
 	}
 	mode := func(m string) bool { return m == "ro" }
-	mounts := []mount.Mount{{Type: mount.TypeBind, Source: spec.Workspace, Target: spec.Workspace, ReadOnly: mode(c.WorkspaceMode)}}
-	for _, d := range spec.ExtraDirs {
-		mounts = append(mounts, mount.Mount{Type: mount.TypeBind, Source: d, Target: d, ReadOnly: mode(c.WorkspaceMode)})
+	mounts := []mount.Mount{{Type: mount.TypeBind, Source: sources[0], Target: spec.Workspace, ReadOnly: mode(c.WorkspaceMode)}}
+	for i, d := range spec.ExtraDirs {
+		mounts = append(mounts, mount.Mount{Type: mount.TypeBind, Source: sources[1+i], Target: d, ReadOnly: mode(c.WorkspaceMode)})
 	}
 	for _, mt := range c.Mounts {
 		mounts = append(mounts, mount.Mount{Type: mount.TypeBind, Source: mt.Source, Target: mt.Target, ReadOnly: mode(mt.Mode)})
