@@ -659,6 +659,11 @@ func TestNestedWorkspaceCannotBeSwappedForALink(t *testing.T) {
 	if err := os.Symlink(other, filepath.Join(ws, "lnk")); err != nil {
 		t.Fatal(err)
 	}
+	// A link in another session's writable workspace is that session's
+	// to plant: it may lead anywhere the user can reach.
+	if got := w.prompt(t, ctx, w.newSession(t, ctx, filepath.Join(ws, "lnk")), "run ls"); !strings.Contains(got, "passes the link") {
+		t.Errorf("a session behind a link in another session's workspace: %q, want it refused", got)
+	}
 	if got := w.prompt(t, ctx, outer, "start cd "+ws+" && while :; do usleep 40000; ln -sfn /run lnk; usleep 40000; ln -sfn "+other+" lnk; done"); !strings.Contains(got, "started ") {
 		t.Fatalf("start the turning: %q", got)
 	}

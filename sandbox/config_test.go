@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -264,5 +265,32 @@ func TestCheckMountSourceAllowsRemovableMedia(t *testing.T) {
 	}
 	if _, err := checkMountSource("/run/media", ""); err == nil {
 		t.Error("/run/media itself allowed")
+	}
+}
+
+func TestStatUnlinked(t *testing.T) {
+	dir := t.TempDir()
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := statUnlinked(real)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, _ := os.Stat(real)
+	if want := fi.Sys().(*syscall.Stat_t); st.Dev != want.Dev || st.Ino != want.Ino {
+		t.Errorf("statUnlinked(%s) = %d:%d, want %d:%d", real, st.Dev, st.Ino, want.Dev, want.Ino)
+	}
+	// A link where a directory was checked is refused, never followed.
+	link := filepath.Join(real, "sub")
+	if err := os.Symlink(real, link); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := statUnlinked(link); err == nil {
+		t.Errorf("statUnlinked(%s), a link, = nil error", link)
+	}
+	if _, err := statUnlinked(filepath.Join(link, "x")); err == nil {
+		t.Errorf("statUnlinked through a link = nil error")
 	}
 }

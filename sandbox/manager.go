@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -329,6 +330,28 @@ func (m *Manager) writableByAnother(s *Session, dir string) bool {
 		}
 	}
 	return false
+}
+
+// refusePlantedLinks refuses dir when a link on its way lies inside a
+// directory another session mounts writable: that session's commands put
+// it there, and it may lead anywhere the user can reach ($HOME), which
+// the checks on the resolved directory would let pass.
+func (m *Manager) refusePlantedLinks(s *Session, dir string) error {
+	p := "/"
+	for _, c := range strings.Split(strings.TrimPrefix(filepath.Clean(dir), "/"), "/") {
+		if c == "" {
+			continue
+		}
+		p = filepath.Join(p, c)
+		fi, err := os.Lstat(p)
+		if err != nil {
+			return nil // the checks that follow report it
+		}
+		if fi.Mode()&os.ModeSymlink != 0 && m.writableByAnother(s, p) {
+			return fmt.Errorf("%w: workspace: %q passes the link %s, which lies in another session's writable workspace", ErrInvalid, dir, p)
+		}
+	}
+	return nil
 }
 
 // Lookup returns the session under key, started or not, or nil; it does
