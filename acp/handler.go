@@ -264,10 +264,10 @@ func (t *Terminals) sessionForCreate(ctx context.Context, sid, cwd string) (*san
 // a session's workspace must lie within the connection's workspace.
 func (t *Terminals) checkWorkspace(field, dir string) error {
 	if !filepath.IsAbs(dir) {
-		return invalidParams("%s: %q is not an absolute path", field, dir)
+		return fmt.Errorf("%w: %s: %q is not an absolute path", sandbox.ErrInvalid, field, dir)
 	}
 	if !sandbox.Within(t.workspace, filepath.Clean(dir)) {
-		return invalidParams("%s: %q is outside the workspace %s that sandboxd serves", field, dir, t.workspace)
+		return fmt.Errorf("%w: %s: %q is outside the workspace %s that sandboxd serves", sandbox.ErrInvalid, field, dir, t.workspace)
 	}
 	return nil
 }
@@ -341,11 +341,6 @@ func (t *Terminals) SessionFor(ctx context.Context, dir string) (*sandbox.Sessio
 		}
 	}
 	if err := t.checkWorkspace("cwd", dir); err != nil {
-		// Said as the sandbox says it: the AHP server maps that.
-		var re *jsonrpc2.Error
-		if errors.As(err, &re) {
-			return nil, fmt.Errorf("%w: %s", sandbox.ErrInvalid, re.Message)
-		}
 		return nil, err
 	}
 	spec := t.defaults

@@ -34,14 +34,7 @@ func TestReleasedTerminalsLeaveNoDescriptors(t *testing.T) {
 	// Warm up: the session, the engine connection pool.
 	sh(t, ctx, a, "fds", "true")
 	before := fdCount(t, srv.cmd.Process.Pid)
-	var ids []string
-	for range 20 {
-		c, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: "fds", Command: "sleep", Args: []string{"308"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, c.TerminalId)
-	}
+	ids := terminals(t, ctx, a, "fds", 20, "sleep", "308")
 	for _, id := range ids {
 		if _, err := a.ReleaseTerminal(ctx, acpsdk.ReleaseTerminalRequest{SessionId: "fds", TerminalId: id}); err != nil {
 			t.Fatal(err)
@@ -54,14 +47,7 @@ func TestReleasedTerminalsLeaveNoDescriptors(t *testing.T) {
 	})
 	// Nor do finished terminals that are not released (yet): their
 	// output stays, their connection goes.
-	ids = ids[:0]
-	for range 20 {
-		c, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: "fds", Command: "true"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, c.TerminalId)
-	}
+	ids = terminals(t, ctx, a, "fds", 20, "true")
 	for _, id := range ids {
 		if _, err := a.WaitForTerminalExit(ctx, acpsdk.WaitForTerminalExitRequest{SessionId: "fds", TerminalId: id}); err != nil {
 			t.Fatal(err)
@@ -83,9 +69,16 @@ func startServeWithConfig(t *testing.T, ws, text string) *server {
 // sleepers starts n terminals that sleep in session and returns their ids.
 func sleepers(t *testing.T, ctx context.Context, a *acpsdk.AgentSideConnection, session string, n int) []string {
 	t.Helper()
+	return terminals(t, ctx, a, session, n, "sleep", "309")
+}
+
+// terminals starts n terminals running command with args in session and
+// returns their ids.
+func terminals(t *testing.T, ctx context.Context, a *acpsdk.AgentSideConnection, session string, n int, command string, args ...string) []string {
+	t.Helper()
 	var ids []string
 	for range n {
-		c, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: acpsdk.SessionId(session), Command: "sleep", Args: []string{"309"}})
+		c, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: acpsdk.SessionId(session), Command: command, Args: args})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -246,10 +246,9 @@ type mountCheck struct {
 }
 
 // verifyMounts makes sure each target in the running container is the
-// directory that was checked. A source inside another session's writable
-// mount can be swapped for a link by that session's commands between the
-// check and the engine's mount, which follows links; the device and inode
-// seen from inside tell.
+// directory that was checked: a sandboxed command able to write above a
+// source can swap it for a link between the check and the engine's mount,
+// which follows links; the device and inode seen from inside tell.
 func (s *Session) verifyMounts(ctx context.Context, checks []mountCheck) error {
 	cmd := []string{"stat", "-c", "%d:%i", "--"}
 	for _, c := range checks {
