@@ -443,9 +443,20 @@ func (d *debs) cached(pkg string) (string, error) {
 }
 
 // fetch downloads pkg into the cache and returns its .deb.
+//
+// apt-get writes the file under its final name as the bytes arrive, so it
+// downloads into a directory of its own and the finished file is renamed
+// into the cache: another build reading the cache meanwhile (two sandboxd
+// starting at once) would otherwise take the half-written file for a
+// damaged one and remove it under this download.
 func (d *debs) fetch(ctx context.Context, pkg string) (string, error) {
 	d.progress("downloading %s with apt-get", pkg)
-	if err := d.download(ctx, d.cache, pkg); err != nil {
+	dir, err := os.MkdirTemp(d.cache, ".download-")
+	if err != nil {
+		return "", fmt.Errorf("download %s: %w", pkg, err)
+	}
+	defer os.RemoveAll(dir)
+	if err := d.download(ctx, dir, pkg); err != nil {
 		if errors.Is(err, exec.ErrNotFound) {
 			if d.temporary {
 				return "", fmt.Errorf("download %s: apt-get is not installed; set HOME or XDG_CACHE_HOME and put %s_*_%s.deb in its sandboxd/debs", pkg, pkg, d.arch)
@@ -454,14 +465,18 @@ func (d *debs) fetch(ctx context.Context, pkg string) (string, error) {
 		}
 		return "", fmt.Errorf("download %s: %w", pkg, err)
 	}
-	paths, err := listDebs(d.cache, pkg, d.arch, d.uid, true)
+	paths, err := listDebs(dir, pkg, d.arch, d.uid, true)
 	if err != nil {
 		return "", fmt.Errorf("download %s: %w", pkg, err)
 	}
 	if len(paths) == 0 {
-		return "", fmt.Errorf("download %s: apt-get left no %s_*_%s.deb in %s", pkg, pkg, d.arch, d.cache)
+		return "", fmt.Errorf("download %s: apt-get left no %s_*_%s.deb", pkg, pkg, d.arch)
 	}
-	return newestDeb(paths), nil
+	deb := filepath.Join(d.cache, filepath.Base(newestDeb(paths)))
+	if err := os.Rename(newestDeb(paths), deb); err != nil {
+		return "", fmt.Errorf("download %s: %w", pkg, err)
+	}
+	return deb, nil
 }
 
 // aptGetDownload downloads pkg's .deb for the native architecture into dir.

@@ -476,8 +476,8 @@ func TestUnpackDownloadsADamagedDebAgain(t *testing.T) {
 				cache: cache, arch: "amd64", uid: os.Getuid(),
 				download: func(ctx context.Context, dir, pkg string) error {
 					calls++
-					if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
-						t.Errorf("the damaged .deb is still in %s when downloading again", dir)
+					if _, err := os.Stat(filepath.Join(cache, name)); err == nil {
+						t.Errorf("the damaged .deb is still in %s when downloading again", cache)
 					}
 					return os.WriteFile(filepath.Join(dir, name), tt.downloaded, 0o644)
 				},
@@ -503,6 +503,53 @@ func TestUnpackDownloadsADamagedDebAgain(t *testing.T) {
 				t.Errorf("progress does not say it downloads again: %q", progress.String())
 			}
 		})
+	}
+}
+
+// TestFetchShowsOnlyWholeDebs: a build reading the cache while another
+// downloads (two sandboxd starting at once) must not find the half-written
+// file, which it would take for a damaged one and remove.
+func TestFetchShowsOnlyWholeDebs(t *testing.T) {
+	const name = "busybox-static_1%3a1.36.1-9_amd64.deb"
+	src := filepath.Join(t.TempDir(), name)
+	makeDeb(t, src, "busybox-static", map[string]string{"usr/bin/busybox": "bb"})
+	data, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache := t.TempDir()
+	other := &debs{cache: cache, arch: "amd64", uid: os.Getuid()}
+	d := &debs{
+		cache: cache, arch: "amd64", uid: os.Getuid(),
+		download: func(ctx context.Context, dir, pkg string) error {
+			f, err := os.Create(filepath.Join(dir, name))
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			if _, err := f.Write(data[:len(data)/2]); err != nil {
+				return err
+			}
+			if deb, err := other.cached(pkg); err != nil || deb != "" {
+				t.Errorf("while downloading, another build finds %q, %v in the cache; want nothing", deb, err)
+			}
+			_, err = f.Write(data[len(data)/2:])
+			return err
+		},
+		progress: func(string, ...any) {},
+	}
+	deb, err := d.fetch(context.Background(), "busybox-static")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join(cache, name); deb != want {
+		t.Errorf("fetch = %s, want %s", deb, want)
+	}
+	if got, err := os.ReadFile(deb); err != nil || !bytes.Equal(got, data) {
+		t.Errorf("the cached .deb is not the whole download (%d of %d bytes, %v)", len(got), len(data), err)
+	}
+	if ents, _ := os.ReadDir(cache); len(ents) != 1 {
+		t.Errorf("the cache holds %d entries after the download, want only the .deb", len(ents))
 	}
 }
 

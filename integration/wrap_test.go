@@ -187,9 +187,9 @@ func (w *wrapped) stop(t testing.TB) {
 	<-w.conn.Done()
 }
 
-func (w *wrapped) newSession(t testing.TB, ctx context.Context, cwd string) acpsdk.SessionId {
+func (w *wrapped) newSession(t testing.TB, ctx context.Context, cwd string, dirs ...string) acpsdk.SessionId {
 	t.Helper()
-	res, err := w.conn.NewSession(ctx, acpsdk.NewSessionRequest{Cwd: cwd, McpServers: []acpsdk.McpServer{}})
+	res, err := w.conn.NewSession(ctx, acpsdk.NewSessionRequest{Cwd: cwd, AdditionalDirectories: dirs, McpServers: []acpsdk.McpServer{}})
 	if err != nil {
 		t.Fatalf("session/new: %v", err)
 	}
@@ -672,6 +672,51 @@ func TestNestedWorkspaceCannotBeSwappedForALink(t *testing.T) {
 		if strings.Contains(got, "docker") || strings.HasPrefix(got, "exit=0") && !strings.Contains(got, "elsewhere") {
 			t.Errorf("a session behind the turned link saw: %q", got)
 		}
+	}
+}
+
+// TestNestedDirectoriesMountOnce: a session directory inside another of
+// the same session is shown through the outer mount, never mounted again:
+// the engine would find the inner target through the outer one, a host
+// directory other sandboxes may write, where a link could send the mount
+// anywhere in the container. One that resolves elsewhere is refused.
+func TestNestedDirectoriesMountOnce(t *testing.T) {
+	ws := workspace(t)
+	sub := filepath.Join(ws, "sub")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(sub, 1000, 1000); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(ws, "top"), "top\n")
+	w := startWrap(t, ws, acpsdk.ClientCapabilities{})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	mounts := "awk -v ws=" + ws + " '$5 == ws || index($5, ws \"/\") == 1 {print $5}' /proc/self/mountinfo"
+	for _, dirs := range [][]string{{sub, ws}, {ws, sub}} {
+		sid := w.newSession(t, ctx, dirs[0], dirs[1:]...)
+		got := w.prompt(t, ctx, sid, "run cd "+sub+" && cat ../top && echo made >> made && "+mounts)
+		if want := "exit=0 output=top\n" + ws + "\n"; got != want {
+			t.Errorf("session in %s with %s: %q, want %q: the files and one mount, of the outer directory", dirs[0], dirs[1], got, want)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(sub, "made")); err != nil || string(b) != "made\nmade\n" {
+		t.Errorf("files made in the inner directory, on the host: %q, %v", b, err)
+	}
+	// A directory inside that is a link elsewhere cannot be shown through
+	// the outer mount. (Apart from the workspace the other sessions may
+	// write, where such a link is refused anyway.)
+	apart := workspace(t)
+	if err := os.Mkdir(filepath.Join(apart, "other"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(apart, "other"), filepath.Join(apart, "link")); err != nil {
+		t.Fatal(err)
+	}
+	sid := w.newSession(t, ctx, apart, filepath.Join(apart, "link"))
+	if got := w.prompt(t, ctx, sid, "run ls"); !strings.Contains(got, "lies inside") {
+		t.Errorf("a session with a linked directory inside its workspace: %q, want it refused", got)
 	}
 }
 

@@ -1,8 +1,10 @@
 package sandbox
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"syscall"
 	"testing"
@@ -292,5 +294,44 @@ func TestStatUnlinked(t *testing.T) {
 	}
 	if _, err := statUnlinked(filepath.Join(link, "x")); err == nil {
 		t.Errorf("statUnlinked through a link = nil error")
+	}
+}
+
+func TestPlanBinds(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		targets, sources []string
+		want             []bind
+		err              string
+	}{
+		{name: "apart", targets: []string{"/w", "/x"}, sources: []string{"/w", "/real/x"},
+			want: []bind{{"/w", "/w"}, {"/real/x", "/x"}}},
+		{name: "siblings with a shared prefix", targets: []string{"/w", "/wx"}, sources: []string{"/w", "/wx"},
+			want: []bind{{"/w", "/w"}, {"/wx", "/wx"}}},
+		{name: "extra inside the workspace", targets: []string{"/w", "/w/sub"}, sources: []string{"/real/w", "/real/w/sub"},
+			want: []bind{{"/real/w", "/w"}}},
+		{name: "workspace inside an extra", targets: []string{"/a/b", "/a"}, sources: []string{"/a/b", "/a"},
+			want: []bind{{"/a", "/a"}}},
+		{name: "three deep", targets: []string{"/a/b/c", "/a/b", "/a"}, sources: []string{"/a/b/c", "/a/b", "/a"},
+			want: []bind{{"/a", "/a"}}},
+		{name: "the same twice", targets: []string{"/w", "/w"}, sources: []string{"/w", "/w"},
+			want: []bind{{"/w", "/w"}}},
+		{name: "nested through a link", targets: []string{"/w", "/w/link"}, sources: []string{"/w", "/elsewhere"},
+			err: `"/w/link" lies inside "/w", which is mounted too, but resolves to /elsewhere`},
+		{name: "workspace through a link in an extra", targets: []string{"/a/proj", "/a"}, sources: []string{"/a/real/proj", "/a"},
+			err: `"/a/proj" lies inside "/a"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := planBinds(tc.targets, tc.sources)
+			if tc.err != "" {
+				if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("planBinds = %v, %v; want an ErrInvalid containing %q", got, err, tc.err)
+				}
+				return
+			}
+			if err != nil || !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("planBinds = %v, %v; want %v", got, err, tc.want)
+			}
+		})
 	}
 }

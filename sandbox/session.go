@@ -361,7 +361,11 @@ func (s *Session) start(ctx context.Context) error {
 	s.mountSources = real
 	s.mu.Unlock()
 	s.user = user
-	cfg, hostCfg := containerConfig(m.cfg.Session, spec, real, user, m.instance.Labels(s.ID))
+	binds, err := planBinds(append([]string{spec.Workspace}, spec.ExtraDirs...), real)
+	if err != nil {
+		return fmt.Errorf("open session %s: %w", s.ID, err)
+	}
+	cfg, hostCfg := containerConfig(m.cfg.Session, spec, binds, user, m.instance.Labels(s.ID))
 	name := "sandboxd-" + m.instance.ID + "-" + containerSafe(s.ID)
 	suffix, err := randomID(3)
 	if err != nil {
@@ -410,14 +414,45 @@ func (s *Session) start(ctx context.Context) error {
 	return nil
 }
 
+// bind is a directory the container mounts: source on the host, links
+// resolved, at target.
+type bind struct{ source, target string }
+
+// planBinds pairs each target with its resolved source and leaves out a
+// target that lies inside another: the engine would find a nested target
+// through the outer mount, that is through a host directory that other
+// sandboxes may write, and a link put there at the right moment would land
+// the mount anywhere in the container, where the check from inside does
+// not look. The outer mount shows the nested directory already, when its
+// source is the outer source's own subdirectory; one that resolves
+// elsewhere cannot be shown safely and is refused.
+func planBinds(targets, sources []string) ([]bind, error) {
+	binds := make([]bind, 0, len(targets))
+next:
+	for i, t := range targets {
+		for j, o := range targets {
+			if i == j || !Within(o, t) || t == o && j > i {
+				continue
+			}
+			rel, err := filepath.Rel(o, t)
+			if err != nil || sources[i] != filepath.Join(sources[j], rel) {
+				return nil, fmt.Errorf("%w: workspace: %q lies inside %q, which is mounted too, but resolves to %s; name it by that path or leave it out", ErrInvalid, t, o, sources[i])
+			}
+			continue next
+		}
+		binds = append(binds, bind{source: sources[i], target: t})
+	}
+	return binds, nil
+}
+
 // containerConfig is the hardened container of DESIGN.md: no network, no
 // capabilities, no privilege gain, read-only root, init, limits, a non-root
 // user, and no host path but the workspace and what the config grants.
 //
-// sources are the workspace and extra directories with links resolved, as
-// checked: what the engine mounts, so that no link it would follow is one
-// that was not checked.
-func containerConfig(c SessionConfig, spec SessionSpec, sources []string, user string, labels map[string]string) (*container.Config, *container.HostConfig) {
+// binds are the workspace and extra directories, their sources with links
+// resolved, as checked: what the engine mounts, so that no link it would
+// follow is one that was not checked.
+func containerConfig(c SessionConfig, spec SessionSpec, binds []bind, user string, labels map[string]string) (*container.Config, *container.HostConfig) {
 	cfg := &container.Config{
 		Image:      spec.Image,
 		Cmd:        []string{"sleep", "infinity"},
@@ -434,9 +469,9 @@ func containerConfig(c SessionConfig, spec SessionSpec, sources []string, user s
 		tmpfs[p] = fmt.Sprintf("rw,exec,nosuid,nodev,size=%d,mode=1777", int64(c.ScratchSize))
 	}
 	mode := func(m string) bool { return m == "ro" }
-	mounts := []mount.Mount{{Type: mount.TypeBind, Source: sources[0], Target: spec.Workspace, ReadOnly: mode(c.WorkspaceMode)}}
-	for i, d := range spec.ExtraDirs {
-		mounts = append(mounts, mount.Mount{Type: mount.TypeBind, Source: sources[1+i], Target: d, ReadOnly: mode(c.WorkspaceMode)})
+	var mounts []mount.Mount
+	for _, b := range binds {
+		mounts = append(mounts, mount.Mount{Type: mount.TypeBind, Source: b.source, Target: b.target, ReadOnly: mode(c.WorkspaceMode)})
 	}
 	for _, mt := range c.Mounts {
 		mounts = append(mounts, mount.Mount{Type: mount.TypeBind, Source: mt.Source, Target: mt.Target, ReadOnly: mode(mt.Mode)})
