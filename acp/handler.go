@@ -512,7 +512,7 @@ func (t *Terminals) Detach(sid string) (remove func(context.Context) error) {
 	if !ok {
 		return nil
 	}
-	s := t.m.Lookup(t.key(sid))
+	s := t.m.Detach(t.key(sid))
 	return func(ctx context.Context) error {
 		if s == nil {
 			return nil

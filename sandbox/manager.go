@@ -45,6 +45,9 @@ type Manager struct {
 
 	mu       sync.Mutex
 	sessions map[string]*Session
+	// detached are sessions taken out of sessions whose close is still to
+	// come; Close closes them too.
+	detached map[*Session]struct{}
 	closed   bool
 	wg       sync.WaitGroup
 	// spare is a started container waiting for the next session with
@@ -101,6 +104,7 @@ func NewManager(ctx context.Context, cli *client.Client, cfg Config, log *slog.L
 		ctx:      mctx,
 		cancel:   cancel,
 		sessions: make(map[string]*Session),
+		detached: make(map[*Session]struct{}),
 	}
 	if d := time.Duration(cfg.Server.IdleTimeout); d > 0 {
 		m.wg.Add(1)
@@ -204,7 +208,9 @@ func (m *Manager) reserve(key string, spec SessionSpec) (*Session, int, error) {
 	if m.closed {
 		return nil, 0, fmt.Errorf("open session %s: sandboxd is shutting down", spec.ID)
 	}
-	if s, ok := m.sessions[key]; ok {
+	// A session the idle reaper has claimed is on its way out: one
+	// opened now under its key is a new one.
+	if s, ok := m.sessions[key]; ok && !s.isClosed() {
 		return s, existing, nil
 	}
 	if len(m.sessions) >= int(m.cfg.Server.MaxSessions) {
@@ -214,6 +220,11 @@ func (m *Manager) reserve(key string, spec SessionSpec) (*Session, int, error) {
 		m.spare = nil
 		s.key, s.ID = key, spec.ID
 		s.spec.Dir, _ = checkDir(spec)
+		// Idle from now on, not since the spare was made: an old spare
+		// would be reaped at its session's first tick.
+		s.mu.Lock()
+		s.lastUsed = time.Now()
+		s.mu.Unlock()
 		m.sessions[key] = s
 		m.log.Info("session takes the spare container", "session", spec.ID, "container", s.contID[:12])
 		m.refillSpare()
@@ -291,7 +302,8 @@ func (m *Manager) Get(ctx context.Context, key string) (*Session, error) {
 	m.mu.Lock()
 	s, ok := m.sessions[key]
 	m.mu.Unlock()
-	if !ok {
+	if !ok || s.isClosed() {
+		// Bare: key is the caller's own, which it may not want shown.
 		return nil, ErrNotFound
 	}
 	if err := s.waitReady(ctx); err != nil {
@@ -354,12 +366,19 @@ func (m *Manager) refusePlantedLinks(s *Session, dir string) error {
 	return nil
 }
 
-// Lookup returns the session under key, started or not, or nil; it does
-// not wait.
-func (m *Manager) Lookup(key string) *Session {
+// Detach takes the session under key out at once, started or not, so that
+// an open under key from now on gets a new session, and returns it for the
+// caller to close when it suits; nil if there is none. Close closes it if
+// the caller has not.
+func (m *Manager) Detach(key string) *Session {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.sessions[key]
+	s := m.sessions[key]
+	if s != nil {
+		delete(m.sessions, key)
+		m.detached[s] = struct{}{}
+	}
+	return s
 }
 
 // CloseSession removes the session under key and its container.
@@ -378,6 +397,7 @@ func (m *Manager) forget(s *Session) {
 	if m.sessions[s.key] == s {
 		delete(m.sessions, s.key)
 	}
+	delete(m.detached, s)
 	m.mu.Unlock()
 }
 
@@ -397,8 +417,11 @@ func (m *Manager) Close(ctx context.Context) error {
 		return nil
 	}
 	m.closed = true
-	sessions := make([]*Session, 0, len(m.sessions))
+	sessions := make([]*Session, 0, len(m.sessions)+len(m.detached))
 	for _, s := range m.sessions {
+		sessions = append(sessions, s)
+	}
+	for s := range m.detached {
 		sessions = append(sessions, s)
 	}
 	spare := m.spare
@@ -414,9 +437,9 @@ func (m *Manager) Close(ctx context.Context) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := s.waitReady(ctx); err != nil {
-				return
-			}
+			// One still starting is closed all the same: its start removes
+			// the container it makes once it sees the session closed.
+			s.waitReady(ctx)
 			errs[i] = s.Close(ctx)
 		}()
 	}
@@ -438,7 +461,7 @@ func (m *Manager) reapIdle(timeout time.Duration) {
 			m.mu.Lock()
 			var idle []*Session
 			for _, s := range m.sessions {
-				if s.idleSince(now) >= timeout {
+				if s.claimIdle(now, timeout) {
 					idle = append(idle, s)
 				}
 			}

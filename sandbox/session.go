@@ -509,25 +509,31 @@ func containerSafe(id string) string {
 	return b.String()
 }
 
-// idleSince reports how long the session has had no call and no
-// unreleased terminal.
-func (s *Session) idleSince(now time.Time) time.Duration {
+func (s *Session) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+// claimIdle marks the session closed, for the caller to Close, when it has
+// had no call and no unreleased terminal for timeout. Checking and marking
+// are one step: a call that comes meanwhile either keeps the session or
+// finds it closed, never a terminal of it killed a moment after it started.
+func (s *Session) claimIdle(now time.Time, timeout time.Duration) bool {
 	select {
 	case <-s.ready:
 	default:
-		return 0
+		return false
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
-		return 0
-	}
 	// A terminal not yet released, running or not, is still the peer's to
 	// read: its id must stay good until terminal/release.
-	if len(s.terminals) > 0 {
-		return 0
+	if s.closed || len(s.terminals) > 0 || now.Sub(s.lastUsed) < timeout {
+		return false
 	}
-	return now.Sub(s.lastUsed)
+	s.closed = true
+	return true
 }
 
 // Terminal returns the terminal with the given id.
@@ -570,6 +576,9 @@ func (s *Session) Release(ctx context.Context, id string) error {
 // Close kills every terminal and removes the container.
 func (s *Session) Close(ctx context.Context) error {
 	s.closeOnce.Do(func() {
+		// Out of the manager first: an open under the key while the
+		// container is removed is a new session, not this closing one.
+		s.m.forget(s)
 		s.mu.Lock()
 		s.closed = true
 		if s.sweepTimer != nil {
@@ -593,7 +602,6 @@ func (s *Session) Close(ctx context.Context) error {
 		for _, t := range terms {
 			t.close()
 		}
-		s.m.forget(s)
 		s.m.log.Info("session closed", "session", s.ID)
 	})
 	return s.closeErr
@@ -617,8 +625,9 @@ func (s *Session) removeContainer() error {
 }
 
 // oomKillsRose reads the container's OOM-kill counter and reports whether it
-// rose since the last read. It costs an exec, so it is only asked when a
-// command died of SIGKILL that sandboxd did not send.
+// counts a kill not yet put down to a command; each call puts down one, so
+// two commands killed together both learn it. It costs an exec, so it is
+// only asked when a command died of SIGKILL that sandboxd did not send.
 func (s *Session) oomKillsRose(ctx context.Context) bool {
 	out, err := s.execOutput(ctx, []string{"cat", "/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events"})
 	if len(out) == 0 && err != nil {
@@ -628,9 +637,11 @@ func (s *Session) oomKillsRose(ctx context.Context) bool {
 	n := parseOOMKills(out)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rose := n > s.oomSeen
-	s.oomSeen = max(s.oomSeen, n)
-	return rose
+	if n <= s.oomSeen {
+		return false
+	}
+	s.oomSeen++
+	return true
 }
 
 // killScript signals every process whose environment carries one of the
@@ -777,8 +788,13 @@ func (s *Session) execOutput(ctx context.Context, cmd []string) ([]byte, error) 
 // waitExec polls until the exec is no longer running and returns its exit
 // code. The stream's EOF comes first; the engine records the exit a moment
 // later, and ExitCode reads 0 until then, so Running must be checked.
+//
+// A process still running long after its stream ended (its connection was
+// closed by a release or a close, and it outlived the kill) is polled once
+// a second: it may run for as long as the container does.
 func waitExec(ctx context.Context, cli *client.Client, execID string) (int, error) {
 	delay := 500 * time.Microsecond
+	start := time.Now()
 	for {
 		r, err := cli.ExecInspect(ctx, execID, client.ExecInspectOptions{})
 		if err != nil {
@@ -793,5 +809,8 @@ func waitExec(ctx context.Context, cli *client.Client, execID string) (int, erro
 		case <-time.After(delay):
 		}
 		delay = min(delay*2, 50*time.Millisecond)
+		if time.Since(start) > 5*time.Second {
+			delay = time.Second
+		}
 	}
 }

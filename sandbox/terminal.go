@@ -487,9 +487,11 @@ type killing struct {
 
 func (t *Terminal) killOnce(ctx context.Context) error {
 	// The kill must finish even if the caller gives up: a half-killed
-	// command is worse than a slow reply.
-	kctx := context.WithoutCancel(ctx)
+	// command is worse than a slow reply. An engine that hangs must not
+	// hold the caller (and every kill waiting on this one) for ever.
 	grace := time.Duration(t.session.m.cfg.Terminal.KillGrace)
+	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), grace+time.Minute)
+	defer cancel()
 	if grace > 0 {
 		stop := syscall.SIGTERM
 		if t.cmd.TTY {
