@@ -59,11 +59,15 @@ func (c *conn) subscribed(channel string) bool {
 func (c *conn) send(msg []byte) {
 	c.qmu.Lock()
 	if c.queued > 0 && c.queued+len(msg) > c.s.cfg.Backlog {
+		backlog := c.queued
 		c.qmu.Unlock()
 		select {
 		case <-c.done:
 		default:
-			c.s.log.Warn("ahp client too slow; disconnecting", "client", c.clientID, "backlog", c.queued)
+			c.mu.Lock()
+			id := c.clientID
+			c.mu.Unlock()
+			c.s.log.Warn("ahp client too slow; disconnecting", "client", id, "backlog", backlog)
 			c.close()
 			c.abort()
 		}
@@ -115,6 +119,12 @@ func (c *conn) drain(ctx context.Context) {
 			return
 		}
 		batch, c.queue = c.queue, batch[:0]
+		// What is being written no longer counts against the backlog:
+		// a snapshot bigger than it would otherwise cut its client off
+		// at the next action, and again at every reconnect.
+		for _, msg := range batch {
+			c.queued -= len(msg)
+		}
 		c.qmu.Unlock()
 		for i, msg := range batch {
 			if err := c.ws.Write(ctx, websocket.MessageText, msg); err != nil {
@@ -122,9 +132,6 @@ func (c *conn) drain(ctx context.Context) {
 				return
 			}
 			batch[i] = nil
-			c.qmu.Lock()
-			c.queued -= len(msg)
-			c.qmu.Unlock()
 		}
 	}
 }
@@ -302,7 +309,12 @@ func (c *conn) initializeLocked(params json.RawMessage) (any, *rpcError) {
 	c.clientID = p.ClientID
 	c.mu.Unlock()
 	snaps := []any{}
+	named := make(map[string]bool)
 	for _, ch := range p.InitialSubscriptions {
+		if named[ch] {
+			continue // one snapshot per channel, however often it is named
+		}
+		named[ch] = true
 		if snap, ok := s.snapshotLocked(ch); ok {
 			c.mu.Lock()
 			c.subs[ch] = true
@@ -365,7 +377,16 @@ func (c *conn) reconnectLocked(params json.RawMessage) (any, *rpcError) {
 	if len(s.replay) > 0 {
 		oldest = s.replay[0].ServerSeq
 	}
-	if p.LastSeenServerSeq+1 >= oldest && p.LastSeenServerSeq <= s.seq {
+	// A terminal made since the client last heard (one disposed and made
+	// again under its URI) has no actions the client could apply to what
+	// it holds: snapshots then.
+	fresh := false
+	for ch := range live {
+		if t, ok := s.terms[ch]; ok && t.since >= p.LastSeenServerSeq {
+			fresh = true
+		}
+	}
+	if !fresh && p.LastSeenServerSeq+1 >= oldest && p.LastSeenServerSeq <= s.seq {
 		actions := []Envelope{}
 		for _, env := range s.replay {
 			if env.ServerSeq > p.LastSeenServerSeq && live[env.Channel] {

@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -83,7 +84,14 @@ type Server struct {
 	// replayBytes is what the actions in replay hold (Action.size).
 	replayBytes int
 	wg          sync.WaitGroup
+	// strangers counts connections without a valid token still being
+	// told so; past maxStrangers more are closed at once.
+	strangers atomic.Int32
 }
+
+// maxStrangers bounds the connections without a valid token that are
+// answered at a time: each may wait some seconds for its first request.
+const maxStrangers = 16
 
 // Envelope carries an action on a channel.
 type Envelope struct {
@@ -223,7 +231,7 @@ func (s *Server) Listen(ctx context.Context, addr string, ready func(net.Addr) e
 		}
 	}
 	// Connections live in ctx: hijacked ones are beyond srv.Close.
-	srv := &http.Server{Handler: s, BaseContext: func(net.Listener) context.Context { return ctx }}
+	srv := &http.Server{Handler: s, BaseContext: func(net.Listener) context.Context { return ctx }, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		<-ctx.Done()
 		srv.Close()
@@ -254,7 +262,12 @@ func (s *Server) Close() {
 }
 
 func (s *Server) authorized(r *http.Request) bool {
-	got := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+	// The scheme is case-insensitive (RFC 9110); a header of another
+	// scheme leaves the query's token to count.
+	got := ""
+	if scheme, cred, ok := strings.Cut(r.Header.Get("Authorization"), " "); ok && strings.EqualFold(scheme, "Bearer") {
+		got = strings.TrimSpace(cred)
+	}
 	if got == "" {
 		got = r.URL.Query().Get("token")
 	}
@@ -274,8 +287,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	if !s.authorized(r) {
 		s.log.Warn("ahp connection without a valid token", "remote", r.RemoteAddr)
-		// It gets one request's time to learn why, not a connection kept
-		// open by saying nothing.
+		defer s.strangers.Add(-1)
+		if s.strangers.Add(1) > maxStrangers {
+			ws.Close(websocket.StatusTryAgainLater, "authentication required")
+			return
+		}
+		// It gets one small request's time to learn why, not a
+		// connection kept open by saying nothing, nor 8 MiB of memory.
+		ws.SetReadLimit(64 << 10)
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		_, data, err := ws.Read(ctx)
@@ -319,7 +338,10 @@ func (s *Server) emitLocked(channel string, a Action, origin *Origin) {
 			t.appendData(a.Data, s.cfg.MaxContent)
 		} else {
 			t.fold(s.cfg.MaxContent)
-			t.state = ReduceTerminal(t.state, a)
+			reduceTerminal(&t.state, a)
+			if a.Type == "terminal/commandExecuted" {
+				TrimContent(&t.state, s.cfg.MaxContent)
+			}
 		}
 	} else {
 		return

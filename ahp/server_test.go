@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/sandboxd/sandboxd/ahp/osc633"
 	"github.com/sandboxd/sandboxd/sandbox"
 )
 
@@ -276,30 +278,84 @@ func TestSlowClientIsDisconnected(t *testing.T) {
 	}
 }
 
+// TestSnapshotBiggerThanTheBacklog: a reply bigger than the backlog is
+// taken whole, and actions that follow while it is written do not count it
+// against the client (which would cut it off, and again at every
+// reconnect).
+func TestSnapshotBiggerThanTheBacklog(t *testing.T) {
+	const size = 8 << 20
+	s, url, ctx := serveTest(t, Config{Token: "tok", Backlog: 1 << 20, MaxContent: size})
+	s.emit("ahp-terminal:/t", Action{Type: "terminal/data", Data: strings.Repeat("x", size)}, nil)
+	ws := dial(t, url)
+	defer ws.CloseNow()
+	ws.SetReadLimit(2 * size)
+	for _, req := range []string{
+		`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersions":["0.4.0"],"clientId":"c"}}`,
+		`{"jsonrpc":"2.0","id":2,"method":"subscribe","params":{"channel":"ahp-terminal:/t"}}`,
+	} {
+		if err := ws.Write(ctx, websocket.MessageText, []byte(req)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, msg, err := ws.Read(ctx); err != nil || !strings.Contains(string(msg), `"id":1`) {
+		t.Fatalf("initialize: %.200s, %v", msg, err)
+	}
+	// Once subscribed, the snapshot is queued (under the same lock); the
+	// client reads nothing while the actions come.
+	for {
+		s.mu.Lock()
+		subscribed := false
+		for c := range s.conns {
+			subscribed = subscribed || c.subscribed("ahp-terminal:/t")
+		}
+		s.mu.Unlock()
+		if subscribed {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("never subscribed")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	for range 10 {
+		s.emit("ahp-terminal:/t", Action{Type: "terminal/data", Data: "y"}, nil)
+	}
+	if _, msg, err := ws.Read(ctx); err != nil || !strings.Contains(string(msg), `"id":2`) || len(msg) < size {
+		t.Fatalf("subscribe: %.200s (%d bytes), %v", msg, len(msg), err)
+	}
+	for i := range 10 {
+		if _, msg, err := ws.Read(ctx); err != nil || !strings.Contains(string(msg), `"data":"y"`) {
+			t.Fatalf("action %d after the snapshot: %.200s, %v", i, msg, err)
+		}
+	}
+}
+
+// TestReconnectToARemadeTerminal: a terminal disposed and made again under
+// its URI while a client was away has actions the client cannot apply to
+// the old one it knew: it gets snapshots, not a replay.
+func TestReconnectToARemadeTerminal(t *testing.T) {
+	s := testServer(Config{ReplayActions: 100})
+	s.emit("ahp-terminal:/t", Action{Type: "terminal/data", Data: "old"}, nil)
+	lastSeen := s.seq
+	s.mu.Lock()
+	s.terms["ahp-terminal:/t"] = &terminal{uri: "ahp-terminal:/t", s: s, t: &sandbox.Terminal{}, since: s.seq, state: TerminalState{Content: []ContentPart{}}}
+	s.mu.Unlock()
+	s.emit("ahp-terminal:/t", Action{Type: "terminal/data", Data: "new"}, nil)
+	c := &conn{s: s, subs: make(map[string]bool)}
+	params, _ := json.Marshal(map[string]any{"clientId": "c", "lastSeenServerSeq": lastSeen, "subscriptions": []string{"ahp-terminal:/t"}})
+	s.mu.Lock()
+	res, rerr := c.reconnectLocked(params)
+	s.mu.Unlock()
+	if rerr != nil {
+		t.Fatal(rerr)
+	}
+	if typ := res.(map[string]any)["type"]; typ != "snapshot" {
+		t.Errorf("reconnect to a remade terminal: %v, want snapshot", typ)
+	}
+}
+
 // dialSubscribed connects to a test server as clientID and subscribes to
 // its terminal.
-// dial connects with the token "tok".
-// serveTest serves a test server over HTTP for the test's duration, and
-// gives its URL and a context that bounds the test.
-func serveTest(t *testing.T, cfg Config) (*Server, string, context.Context) {
-	s := testServer(cfg)
-	hs := httptest.NewServer(s)
-	t.Cleanup(hs.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	t.Cleanup(cancel)
-	return s, hs.URL, ctx
-}
-
-func dial(t *testing.T, url string) *websocket.Conn {
-	t.Helper()
-	ws, _, err := websocket.Dial(context.Background(), url, &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer tok"}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ws.SetReadLimit(1 << 20)
-	return ws
-}
-
 func dialSubscribed(t *testing.T, url, clientID string) *websocket.Conn {
 	t.Helper()
 	ctx := context.Background()
@@ -316,6 +372,28 @@ func dialSubscribed(t *testing.T, url, clientID string) *websocket.Conn {
 			t.Fatalf("%s: reply %s, %v", req, msg, err)
 		}
 	}
+	return ws
+}
+
+// serveTest serves a test server over HTTP for the test's duration, and
+// gives its URL and a context that bounds the test.
+func serveTest(t *testing.T, cfg Config) (*Server, string, context.Context) {
+	s := testServer(cfg)
+	hs := httptest.NewServer(s)
+	t.Cleanup(hs.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return s, hs.URL, ctx
+}
+
+// dial connects with the token "tok".
+func dial(t *testing.T, url string) *websocket.Conn {
+	t.Helper()
+	ws, _, err := websocket.Dial(context.Background(), url, &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer tok"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws.SetReadLimit(1 << 20)
 	return ws
 }
 
@@ -634,5 +712,170 @@ func TestWrongTokenGetsAuthRequiredWithData(t *testing.T) {
 	_, msg, err := ws.Read(ctx)
 	if err != nil || !strings.Contains(string(msg), `"code":-32007`) || !strings.Contains(string(msg), `"data":{"resources":[]}`) {
 		t.Errorf("reply %s, %v", msg, err)
+	}
+}
+
+// TestOutputCannotForgeCommands: only the shell integration knows the
+// nonce, so a program's output can neither start commands (C, D without
+// the E that carries it) nor grow the terminal's state past its cap with
+// parts that hold no text.
+func TestOutputCannotForgeCommands(t *testing.T) {
+	const nonce = "n0nce"
+	e := func(line string) string { return "\x1b]633;E;" + line + ";" + nonce + "\x07" }
+	const c, d = "\x1b]633;C\x07", "\x1b]633;D;0\x07"
+	for _, tc := range []struct {
+		name     string
+		output   string
+		max      int
+		commands int // commandExecuted actions wanted
+		maxParts int
+	}{
+		{name: "a real command", output: "$ " + e("ls") + c + "a b\r\n" + d + "$ ", max: 1 << 20, commands: 1, maxParts: 3},
+		{name: "C without E", output: strings.Repeat(c, 10000), max: 1 << 20, commands: 0, maxParts: 1},
+		{name: "C and D after a used E", output: e("ls") + c + strings.Repeat(c+d, 100), max: 1 << 20, commands: 1, maxParts: 1},
+		{name: "E with another nonce", output: strings.Repeat("\x1b]633;E;rm -rf /;guess\x07"+c, 100), max: 1 << 20, commands: 0, maxParts: 1},
+		{name: "many real commands stay under the cap", output: strings.Repeat(e("true")+c+d, 5000), max: 4096, commands: 5000, maxParts: 4096 / PartOverhead},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := testServer(Config{MaxContent: tc.max, ReplayActions: 100000, ReplayBytes: 1 << 30})
+			term := s.terms["ahp-terminal:/t"]
+			term.parser = osc633.NewParser(nonce)
+			term.process([]byte(tc.output), true)
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			commands := 0
+			for _, env := range s.replay {
+				if env.Action.Type == "terminal/commandExecuted" {
+					commands++
+				}
+			}
+			if commands != tc.commands {
+				t.Errorf("%d commandExecuted, want %d", commands, tc.commands)
+			}
+			term.fold(tc.max)
+			size := 0
+			for _, p := range term.state.Content {
+				size += partSize(p)
+			}
+			if len(term.state.Content) > tc.maxParts || size > tc.max {
+				t.Errorf("state holds %d parts, %d bytes; want at most %d parts, %d bytes", len(term.state.Content), size, tc.maxParts, tc.max)
+			}
+		})
+	}
+}
+
+// TestSameTitleIsNotSentAgain: a program that sets its title in a loop
+// sends each client the list of terminals once per change, not per set.
+func TestSameTitleIsNotSentAgain(t *testing.T) {
+	s := testServer(Config{ReplayActions: 1000, ReplayBytes: 1 << 20})
+	term := s.terms["ahp-terminal:/t"]
+	term.parser = osc633.NewParser("n")
+	term.process([]byte(strings.Repeat("\x1b]0;building\x07x", 50)+"\x1b]2;done\x07"), true)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var titles []string
+	for _, env := range s.replay {
+		if env.Action.Type == "terminal/titleChanged" {
+			titles = append(titles, env.Action.Title)
+		}
+	}
+	if !slices.Equal(titles, []string{"building", "done"}) {
+		t.Errorf("titles sent: %q, want building then done", titles)
+	}
+}
+
+// TestInitializeSubscribesOncePerChannel: a channel named many times in
+// initialSubscriptions gets one snapshot, not a reply that multiplies it.
+func TestInitializeSubscribesOncePerChannel(t *testing.T) {
+	s := testServer(Config{})
+	s.emit("ahp-terminal:/t", Action{Type: "terminal/data", Data: strings.Repeat("x", 1000)}, nil)
+	c := &conn{s: s, subs: make(map[string]bool)}
+	subs := []string{RootURI}
+	for range 1000 {
+		subs = append(subs, "ahp-terminal:/t", RootURI)
+	}
+	params, _ := json.Marshal(map[string]any{"protocolVersions": supportedVersions(), "clientId": "c", "initialSubscriptions": subs})
+	s.mu.Lock()
+	res, rerr := c.initializeLocked(params)
+	s.mu.Unlock()
+	if rerr != nil {
+		t.Fatal(rerr)
+	}
+	if snaps := res.(map[string]any)["snapshots"].([]any); len(snaps) != 2 {
+		t.Errorf("%d snapshots for 2 channels", len(snaps))
+	}
+}
+
+func TestAuthorized(t *testing.T) {
+	s := testServer(Config{Token: "tok"})
+	for _, tc := range []struct {
+		header, query string
+		want          bool
+	}{
+		{"Bearer tok", "", true},
+		{"bearer tok", "", true},
+		{"BEARER  tok", "", true},
+		{"Bearer wrong", "", false},
+		{"Bearer wrong", "tok", false},
+		{"Basic dXNlcjpwYXNz", "tok", true},
+		{"", "tok", true},
+		{"", "", false},
+		{"tok", "", false},
+		{"Bearer", "", false},
+	} {
+		r := httptest.NewRequest("GET", "/?token="+tc.query, nil)
+		if tc.header != "" {
+			r.Header.Set("Authorization", tc.header)
+		}
+		if got := s.authorized(r); got != tc.want {
+			t.Errorf("authorized(Authorization %q, token %q) = %v, want %v", tc.header, tc.query, got, tc.want)
+		}
+	}
+	if (&Server{}).authorized(httptest.NewRequest("GET", "/?token=", nil)) {
+		t.Error("a server without a token let an empty one in")
+	}
+}
+
+// TestStrangersAreBounded: a connection without a valid token may send
+// one small request; a large one, or one more than maxStrangers at once,
+// is closed without it.
+func TestStrangersAreBounded(t *testing.T) {
+	s, url, ctx := serveTest(t, Config{Token: "tok"})
+	wrong := &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer wrong"}}}
+	ws, _, err := websocket.Dial(ctx, url, wrong)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.CloseNow()
+	ws.Write(ctx, websocket.MessageText, []byte(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"x":"`+strings.Repeat("x", 1<<20)+`"}}`))
+	if _, msg, err := ws.Read(ctx); err == nil {
+		t.Errorf("a stranger's 1 MiB request was read and answered: %.100s", msg)
+	}
+	var held []*websocket.Conn
+	defer func() {
+		for _, c := range held {
+			c.CloseNow()
+		}
+	}()
+	for range maxStrangers {
+		c, _, err := websocket.Dial(ctx, url, wrong)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	for s.strangers.Load() < maxStrangers {
+		if ctx.Err() != nil {
+			t.Fatalf("%d strangers waiting, want %d", s.strangers.Load(), maxStrangers)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	extra, _, err := websocket.Dial(ctx, url, wrong)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer extra.CloseNow()
+	if _, _, err := extra.Read(ctx); websocket.CloseStatus(err) != websocket.StatusTryAgainLater {
+		t.Errorf("one stranger too many: %v, want closed with %d", err, websocket.StatusTryAgainLater)
 	}
 }

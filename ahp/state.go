@@ -188,6 +188,14 @@ func (a Action) MarshalJSON() ([]byte, error) {
 // change nothing; terminal/input is a side effect for the server, not state.
 func ReduceTerminal(s TerminalState, a Action) TerminalState {
 	s.Content = append([]ContentPart(nil), s.Content...)
+	reduceTerminal(&s, a)
+	return s
+}
+
+// reduceTerminal is ReduceTerminal in place, for the server, which owns
+// its states: a copy of the content per action would cost a terminal with
+// many parts time in proportion to them, under the server's lock.
+func reduceTerminal(s *TerminalState, a Action) {
 	switch a.Type {
 	case "terminal/data":
 		n := len(s.Content)
@@ -229,7 +237,6 @@ func ReduceTerminal(s TerminalState, a Action) TerminalState {
 	if s.Content == nil {
 		s.Content = []ContentPart{}
 	}
-	return s
 }
 
 // ReduceRoot applies an action to the root state.
@@ -240,21 +247,28 @@ func ReduceRoot(s RootState, a Action) RootState {
 	return s
 }
 
-// TrimContent drops the oldest content until the text of all parts fits in
-// max bytes: whole parts first, then the head of the oldest one left, cut
-// forward to a UTF-8 boundary. A command part keeps its metadata even when
-// its output goes.
+// PartOverhead is what a content part counts against a terminal's cap
+// beyond its text and command line, so that parts with no output (a flood
+// of short commands) cannot grow a terminal without bound either.
+const PartOverhead = 64
+
+func partSize(p ContentPart) int { return len(p.text()) + len(p.CommandLine) + PartOverhead }
+
+// TrimContent drops the oldest content until all parts fit in max bytes,
+// each counted as its text, its command line and PartOverhead: whole parts
+// first, then the head of the oldest one's text, cut forward to a UTF-8
+// boundary. A command part keeps its metadata even when its output goes.
 func TrimContent(s *TerminalState, max int) {
 	total := 0
 	for _, p := range s.Content {
-		total += len(p.text())
+		total += partSize(p)
 	}
 	for total > max && len(s.Content) > 0 {
 		p := &s.Content[0]
 		text := p.text()
 		over := total - max
 		if over >= len(text) && (p.Type != "command" || p.IsComplete || len(s.Content) > 1) {
-			total -= len(text)
+			total -= partSize(*p)
 			s.Content = s.Content[1:]
 			continue
 		}

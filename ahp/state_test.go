@@ -76,16 +76,27 @@ func TestTrimContent(t *testing.T) {
 		max     int
 		want    []ContentPart
 	}{
-		{"fits", []ContentPart{{Type: "unclassified", Value: "abc"}}, 3, []ContentPart{{Type: "unclassified", Value: "abc"}}},
-		{"head of one part", []ContentPart{{Type: "unclassified", Value: "abcdef"}}, 4, []ContentPart{{Type: "unclassified", Value: "cdef"}}},
+		{"fits", []ContentPart{{Type: "unclassified", Value: "abc"}}, 3 + PartOverhead, []ContentPart{{Type: "unclassified", Value: "abc"}}},
+		{"head of one part", []ContentPart{{Type: "unclassified", Value: "abcdef"}}, 4 + PartOverhead, []ContentPart{{Type: "unclassified", Value: "cdef"}}},
 		{"whole old parts go first", []ContentPart{
 			{Type: "unclassified", Value: "$ "},
 			{Type: "command", CommandID: "1", Output: "hello\n", IsComplete: true, ExitCode: &code},
 			{Type: "unclassified", Value: "$ "},
-		}, 4, []ContentPart{{Type: "command", CommandID: "1", Output: "o\n", IsComplete: true, ExitCode: &code}, {Type: "unclassified", Value: "$ "}}},
-		{"running command keeps its metadata", []ContentPart{{Type: "command", CommandID: "2", CommandLine: "yes", Output: "yyyyyyyy"}}, 3,
+		}, 4 + 2*PartOverhead, []ContentPart{{Type: "command", CommandID: "1", Output: "o\n", IsComplete: true, ExitCode: &code}, {Type: "unclassified", Value: "$ "}}},
+		{"command lines count", []ContentPart{
+			{Type: "command", CommandID: "1", CommandLine: "make", Output: "ok\n", IsComplete: true, ExitCode: &code},
+			{Type: "unclassified", Value: "$ "},
+		}, 8 + 2*PartOverhead, []ContentPart{{Type: "command", CommandID: "1", CommandLine: "make", Output: "k\n", IsComplete: true, ExitCode: &code}, {Type: "unclassified", Value: "$ "}}},
+		{"parts without text count", []ContentPart{
+			{Type: "command", CommandID: "1", IsComplete: true, ExitCode: &code},
+			{Type: "command", CommandID: "2", IsComplete: true, ExitCode: &code},
+			{Type: "command", CommandID: "3"},
+		}, 2 * PartOverhead, []ContentPart{{Type: "command", CommandID: "2", IsComplete: true, ExitCode: &code}, {Type: "command", CommandID: "3"}}},
+		{"running command keeps its metadata", []ContentPart{{Type: "command", CommandID: "2", CommandLine: "yes", Output: "yyyyyyyy"}}, 6 + PartOverhead,
 			[]ContentPart{{Type: "command", CommandID: "2", CommandLine: "yes", Output: "yyy"}}},
-		{"cut moves to a rune boundary", []ContentPart{{Type: "unclassified", Value: "ab✓cd"}}, 4, []ContentPart{{Type: "unclassified", Value: "cd"}}},
+		{"running command alone over the cap", []ContentPart{{Type: "command", CommandID: "2", CommandLine: "yes", Output: "yyyyyyyy"}}, 1,
+			[]ContentPart{{Type: "command", CommandID: "2", CommandLine: "yes", Output: ""}}},
+		{"cut moves to a rune boundary", []ContentPart{{Type: "unclassified", Value: "ab✓cd"}}, 4 + PartOverhead, []ContentPart{{Type: "unclassified", Value: "cd"}}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -111,7 +122,7 @@ func TestTrimContentKeepsTerminalsBounded(t *testing.T) {
 	}
 	total := 0
 	for _, p := range s.Content {
-		total += len(p.text())
+		total += partSize(p)
 		if !utf8.ValidString(p.text()) {
 			t.Fatalf("trimmed text is not valid UTF-8")
 		}

@@ -24,6 +24,9 @@ type terminal struct {
 	session *sandbox.Session
 	t       *sandbox.Terminal
 	state   TerminalState
+	// since is the serverSeq before the terminal was made: a client that
+	// saw no later one knew another terminal, if any, under this URI.
+	since int64
 	// unfolded is terminal data not yet reduced into state: appending to
 	// the state's last part copies it, so data is gathered here and
 	// reduced in one go, when the state is read or this reaches the cap.
@@ -43,10 +46,14 @@ type terminal struct {
 	parser    *osc633.Parser
 	detecting bool
 	line      string
-	cmdID     int
-	started   time.Time
-	running   bool
-	carry     []byte // a character cut in half at the end of a read
+	// armed says a command line came with the nonce (E) and its start
+	// (C) may follow: the script sends the two together, and a C or D
+	// without it is a program's output forging commands.
+	armed   bool
+	cmdID   int
+	started time.Time
+	running bool
+	carry   []byte // a character cut in half at the end of a read
 }
 
 const (
@@ -96,7 +103,7 @@ func (s *Server) createTerminal(ctx context.Context, params json.RawMessage) (an
 		return nil, &rpcError{Code: codeAlreadyExists, Message: fmt.Sprintf("terminal %s already exists", p.Channel)}
 	}
 	// Reserve the URI while the exec starts.
-	t := &terminal{uri: p.Channel, s: s, ready: make(chan struct{}), input: make(chan []byte, maxInputActions)}
+	t := &terminal{uri: p.Channel, s: s, since: s.seq, ready: make(chan struct{}), input: make(chan []byte, maxInputActions)}
 	s.terms[p.Channel] = t
 	s.mu.Unlock()
 	fail := func(e *rpcError) (any, *rpcError) {
@@ -235,7 +242,9 @@ func (t *terminal) dispose(ctx context.Context) error {
 	if run == nil {
 		return nil // still starting: createTerminal releases it
 	}
-	if err := sess.Release(ctx, run.ID); err != nil {
+	// A terminal of a session closed meanwhile (the agent's, under wrap)
+	// is gone with it: disposed all the same.
+	if err := sess.Release(ctx, run.ID); err != nil && !errors.Is(err, sandbox.ErrNotFound) {
 		return fmt.Errorf("dispose terminal %s: %w", t.uri, err)
 	}
 	return nil
@@ -281,7 +290,7 @@ func (t *terminal) fold(max int) {
 		}
 		data = data[cut:]
 	}
-	t.state = ReduceTerminal(t.state, Action{Type: "terminal/data", Data: string(data)})
+	reduceTerminal(&t.state, Action{Type: "terminal/data", Data: string(data)})
 	TrimContent(&t.state, max)
 	t.unfolded = t.unfolded[:0]
 }
@@ -455,7 +464,12 @@ func (t *terminal) event(ev osc633.Event) {
 	switch ev.Kind {
 	case 'E':
 		t.line = ev.CommandLine
+		t.armed = true
 	case 'C':
+		if !t.armed {
+			return
+		}
+		t.armed = false
 		t.cmdID++
 		t.started = time.Now()
 		t.running = true
@@ -479,6 +493,14 @@ func (t *terminal) event(ev osc633.Event) {
 			}
 		}
 	case 'T':
-		t.emitListed(Action{Type: "terminal/titleChanged", Title: ev.Title})
+		// A program that sets its title in a loop (a progress display)
+		// costs each client a list of the terminals per change; the same
+		// title again changes nothing.
+		s.mu.Lock()
+		same := s.terms[t.uri] == t && t.state.Title == ev.Title
+		s.mu.Unlock()
+		if !same {
+			t.emitListed(Action{Type: "terminal/titleChanged", Title: ev.Title})
+		}
 	}
 }
