@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -541,9 +540,10 @@ func TestAHPTitleAndForgedSequences(t *testing.T) {
 	if d := c.data(term); !strings.Contains(d, "grep=1") || strings.Contains(d, "/environ\r\n") {
 		t.Errorf("the nonce is visible in a process environment: %q", d[strings.LastIndex(d, "grep -l"):])
 	}
-	// A forged E and C: with the nonce wrong, the C reports a command with
-	// no line rather than the forged one.
-	c.input(term, "printf '\\033]633;E;rm -rf /;0123456789abcdef0123456789abcdef\\007\\033]633;C\\007'; echo for''ged\r", 3)
+	// A forged E and C: with the nonce wrong, neither is taken; only the
+	// command typed is reported.
+	forge := "printf '\\033]633;E;rm -rf /;0123456789abcdef0123456789abcdef\\007\\033]633;C\\007'; echo for''ged"
+	c.input(term, forge+"\r", 3)
 	eventually(t, "forged", 60*time.Second, func() bool { return strings.Contains(c.data(term), "forged\r\n") })
 	var lines []string
 	for _, e := range c.envelopes() {
@@ -551,8 +551,8 @@ func TestAHPTitleAndForgedSequences(t *testing.T) {
 			lines = append(lines, e.Action.CommandLine)
 		}
 	}
-	if len(lines) == 0 || lines[len(lines)-1] != "" || slices.Contains(lines, "rm -rf /") {
-		t.Errorf("command lines %q: want the forged one reported without its line", lines)
+	if len(lines) != 3 || lines[2] != forge {
+		t.Errorf("command lines %q: want the three typed, the forged one not", lines)
 	}
 	// A command line with an ESC or a BEL in it (typed with Ctrl-V) is
 	// escaped whole: no part of its sequence, the nonce least of all,
