@@ -54,15 +54,22 @@ func TestForkBombIsStoppedByPidsLimit(t *testing.T) {
 	if err := json.Unmarshal(res, &opened); err != nil {
 		t.Fatal(err)
 	}
-	created, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{
-		SessionId: "bomb", Command: "/bin/sh", Args: []string{"-c", "while :; do sleep 305 & done"}, OutputByteLimit: ptr(4096),
-	})
-	if err != nil {
-		t.Fatal(err)
+	// Two bombs, killed at the same time below: each kill borrows pids,
+	// and the limit goes back only when both are done.
+	var bombs []string
+	for range 2 {
+		created, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{
+			SessionId: "bomb", Command: "/bin/sh", Args: []string{"-c", "while :; do sleep 305 & done"}, OutputByteLimit: ptr(4096),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		bombs = append(bombs, created.TerminalId)
 	}
-	// The bomb fills the pids cgroup and can go no further.
+	// The bombs fill the pids cgroup and can go no further (the second
+	// may find it full before its first fork).
 	eventually(t, "fork failures", 60*time.Second, func() bool {
-		out, err := a.TerminalOutput(ctx, acpsdk.TerminalOutputRequest{SessionId: "bomb", TerminalId: created.TerminalId})
+		out, err := a.TerminalOutput(ctx, acpsdk.TerminalOutputRequest{SessionId: "bomb", TerminalId: bombs[0]})
 		return err == nil && strings.Contains(out.Output, "can't fork")
 	})
 	stats, err := testEnv.cli.ContainerStats(ctx, opened.Container, client.ContainerStatsOptions{Stream: false})
@@ -82,9 +89,18 @@ func TestForkBombIsStoppedByPidsLimit(t *testing.T) {
 	if s.PidsStats.Current > 64 || s.PidsStats.Current < 32 {
 		t.Errorf("pids in the container = %d, want the bomb held at the limit of 64", s.PidsStats.Current)
 	}
-	// The kill still works with no pid to spare, and the session recovers.
-	if _, err := a.KillTerminal(ctx, acpsdk.KillTerminalRequest{SessionId: "bomb", TerminalId: created.TerminalId}); err != nil {
-		t.Fatalf("kill of the bomb: %v", err)
+	// The kills still work with no pid to spare, and the session recovers.
+	errs := make(chan error, len(bombs))
+	for _, id := range bombs {
+		go func() {
+			_, err := a.KillTerminal(ctx, acpsdk.KillTerminalRequest{SessionId: "bomb", TerminalId: id})
+			errs <- err
+		}()
+	}
+	for range bombs {
+		if err := <-errs; err != nil {
+			t.Errorf("kill of a bomb: %v", err)
+		}
 	}
 	if out, st := sh(t, ctx, a, "bomb", "ps -o pid,args | grep -c '[s]leep 305' ; cat /sys/fs/cgroup/pids/pids.max"); out != "0\n64\n" {
 		t.Errorf("after kill: %q %s; want no sleep left and the limit restored", out, exitCode(st))

@@ -71,6 +71,12 @@ type Session struct {
 
 	closeOnce sync.Once
 	closeErr  error
+
+	// lendMu orders the pids limit's changes; lenders counts the kills
+	// that borrow pids now: the limit goes back when the last is done,
+	// not under another kill's feet.
+	lendMu  sync.Mutex
+	lenders int
 }
 
 func newSession(m *Manager, key string, spec SessionSpec) *Session {
@@ -90,7 +96,15 @@ func (s *Session) markReady(err error) {
 	close(s.ready)
 }
 
+// waitReady waits until the session's start is over and returns its
+// error. A started session is found ready also under a ctx that is done,
+// which a caller that must not wait passes.
 func (s *Session) waitReady(ctx context.Context) error {
+	select {
+	case <-s.ready:
+		return s.err
+	default:
+	}
 	select {
 	case <-s.ready:
 		return s.err
@@ -725,18 +739,30 @@ func (s *Session) runSweep() {
 	}
 }
 
-// lendPids raises the container's pids limit by n until restore is called.
+// lendPids raises the container's pids limit by n until restore is called
+// by every caller that borrowed.
 func (s *Session) lendPids(ctx context.Context, n int64) (restore func(), err error) {
 	// Zero fields of an update mean "unchanged", so only pids is touched.
 	orig, pids := s.spec.Limits.Pids, s.spec.Limits.Pids+n
 	base := container.Resources{PidsLimit: &orig}
 	lent := container.Resources{PidsLimit: &pids}
 	cli := s.m.cli
-	if _, err := cli.ContainerUpdate(ctx, s.contID, client.ContainerUpdateOptions{Resources: &lent}); err != nil {
-		return nil, fmt.Errorf("raise pids limit of session %s: %w", s.ID, err)
+	s.lendMu.Lock()
+	defer s.lendMu.Unlock()
+	if s.lenders == 0 {
+		if _, err := cli.ContainerUpdate(ctx, s.contID, client.ContainerUpdateOptions{Resources: &lent}); err != nil {
+			return nil, fmt.Errorf("raise pids limit of session %s: %w", s.ID, err)
+		}
 	}
+	s.lenders++
 	return func() {
-		if _, err := cli.ContainerUpdate(ctx, s.contID, client.ContainerUpdateOptions{Resources: &base}); err != nil {
+		s.lendMu.Lock()
+		defer s.lendMu.Unlock()
+		if s.lenders--; s.lenders > 0 {
+			return
+		}
+		// Given back even when the kill's caller gave up.
+		if _, err := cli.ContainerUpdate(context.WithoutCancel(ctx), s.contID, client.ContainerUpdateOptions{Resources: &base}); err != nil {
 			s.m.log.Warn("restore pids limit", "session", s.ID, "err", err)
 		}
 	}, nil
