@@ -170,3 +170,25 @@ func TestIncompleteTail(t *testing.T) {
 		}
 	}
 }
+
+// TestOutputHoldsBackAHalfCharacter: while the command runs, a character
+// whose rest has not arrived is not shown; once it has exited, what it
+// wrote is shown as it is.
+func TestOutputHoldsBackAHalfCharacter(t *testing.T) {
+	term := &Terminal{out: NewOutputBuffer(1024), done: make(chan struct{})}
+	term.out.Write([]byte("caf\xc3"))
+	if out, _, st := term.Output(); string(out) != "caf" || st != nil {
+		t.Errorf("running, half a character written: %q, %v; want %q", out, st, "caf")
+	}
+	term.out.Write([]byte("\xa9"))
+	if out, _, _ := term.Output(); string(out) != "café" {
+		t.Errorf("running, the character complete: %q", out)
+	}
+	term.out.Write([]byte("\xe2\x9c"))
+	code := 0
+	term.status = ExitStatus{ExitCode: &code}
+	close(term.done)
+	if out, _, st := term.Output(); string(out) != "café\xe2\x9c" || st == nil {
+		t.Errorf("exited: %q, %v; want all it wrote", out, st)
+	}
+}

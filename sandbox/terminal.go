@@ -427,6 +427,12 @@ func (t *Terminal) Output() (out []byte, truncated bool, status *ExitStatus) {
 		status = &st
 	}
 	out, truncated = t.out.Snapshot()
+	if status == nil {
+		// The rest of a character cut in half by the read is still on
+		// its way: shown now it would be U+FFFD, and a different text
+		// next time.
+		out = out[:len(out)-IncompleteTail(out)]
+	}
 	return out, truncated, status
 }
 
