@@ -14,7 +14,10 @@ import (
 	"time"
 
 	acpsdk "github.com/coder/acp-go-sdk"
+	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
+
+	"github.com/sandboxd/sandboxd/sandbox"
 )
 
 func TestMemoryHogIsReportedAsSIGKILL(t *testing.T) {
@@ -305,4 +308,42 @@ func TestRunIntoAClosedPipe(t *testing.T) {
 		t.Errorf("exit code %d, want 141 (128+SIGPIPE); stderr %q", code, stderr.String())
 	}
 	assertNoContainers(t, cmd.Process.Pid)
+}
+
+// TestExitRemovesContainersLeftBehind: a container of the instance that no
+// session holds any more (its removal failed while the engine was busy) is
+// removed when sandboxd exits, not left for a next start that may never
+// come.
+func TestExitRemovesContainersLeftBehind(t *testing.T) {
+	ws := workspace(t)
+	srv := startServe(t, ws)
+	a := srv.agent()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if out, _ := sh(t, ctx, a, "kept", "echo ok"); out != "ok\n" {
+		t.Fatalf("command: %q", out)
+	}
+	pid := srv.cmd.Process.Pid
+	ids := containersOf(t, pid)
+	if len(ids) != 1 {
+		t.Fatalf("containers = %d, want 1", len(ids))
+	}
+	own, err := testEnv.cli.ContainerInspect(ctx, ids[0], client.ContainerInspectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One the instance made and lost track of: its labels, no session.
+	labels := own.Container.Config.Labels
+	labels[sandbox.LabelSession] = "lost"
+	lost, err := testEnv.cli.ContainerCreate(ctx, client.ContainerCreateOptions{
+		Config: &container.Config{Image: own.Container.Config.Image, Cmd: []string{"sleep", "307"}, Labels: labels},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		testEnv.cli.ContainerRemove(context.Background(), lost.ID, client.ContainerRemoveOptions{Force: true})
+	})
+	srv.stop(t)
+	assertNoContainers(t, pid)
 }

@@ -297,7 +297,8 @@ func (m *Manager) startSession(ctx context.Context, s *Session) error {
 }
 
 // Get returns the open session under key, waiting for it if it is still
-// starting.
+// starting; with a ctx that is done already it does not wait, and a session
+// still starting gives ctx's error.
 func (m *Manager) Get(ctx context.Context, key string) (*Session, error) {
 	m.mu.Lock()
 	s, ok := m.sessions[key]
@@ -446,7 +447,32 @@ func (m *Manager) Close(ctx context.Context) error {
 	wg.Wait()
 	m.cancel()
 	m.wg.Wait()
+	errs = append(errs, m.removeLeftovers(ctx))
 	return errors.Join(append(errs, m.instance.Close())...)
+}
+
+// removeLeftovers removes what containers of this instance are still
+// there once every session is closed: one whose removal failed (the
+// engine was busy), or one a start made after its session was given up
+// on. The next start would remove them, but there may be none.
+func (m *Manager) removeLeftovers(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	list, err := m.cli.ContainerList(ctx, client.ContainerListOptions{
+		All:     true,
+		Filters: make(client.Filters).Add("label", LabelInstance+"="+m.instance.ID),
+	})
+	if err != nil {
+		return fmt.Errorf("remove leftover containers: %w", engineError(err))
+	}
+	var errs []error
+	for _, c := range list.Items {
+		m.log.Warn("removing a container left behind", "container", c.ID[:12], "session", c.Labels[LabelSession])
+		if _, err := m.cli.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true}); err != nil && !isNotFound(err) {
+			errs = append(errs, fmt.Errorf("remove leftover container %.12s: %w", c.ID, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (m *Manager) reapIdle(timeout time.Duration) {
