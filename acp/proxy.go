@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -33,6 +35,10 @@ const (
 	// maxEmbedded bounds how many terminals shown in tool calls the proxy
 	// keeps readable after the agent released them.
 	maxEmbedded = 256
+	// stopTimeout bounds how long Run waits for work in flight once it
+	// ends: a write to a peer that stopped reading never returns, and a
+	// container still being removed is the manager's to remove at close.
+	stopTimeout = 2 * time.Second
 )
 
 // Proxy relays ACP between an editor and an agent, byte for byte, except
@@ -144,9 +150,9 @@ var (
 
 // Run relays until either side ends or ctx is done, and returns why:
 // ErrEditorClosed, ErrAgentClosed or the context's error. Work in flight
-// (terminal requests, watches) is cancelled and waited for; the readers are
-// not, since a read from the editor cannot be interrupted: the caller ends
-// the process or closes the connections.
+// (terminal requests, watches) is cancelled and waited for, up to
+// stopTimeout; the readers are not, since a read from the editor cannot be
+// interrupted: the caller ends the process or closes the connections.
 func (p *Proxy) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -164,7 +170,19 @@ func (p *Proxy) Run(ctx context.Context) error {
 	p.mu.Lock()
 	p.closing = true
 	p.mu.Unlock()
-	p.wg.Wait()
+	// A watch blocked writing to an editor that stopped reading sees the
+	// cancellation only once its write returns, which may be never: the
+	// caller must still get to stop the agent and remove the containers.
+	waited := make(chan struct{})
+	go func() {
+		p.wg.Wait()
+		close(waited)
+	}()
+	select {
+	case <-waited:
+	case <-time.After(stopTimeout):
+		p.log.Warn("relay ended with work still in flight (a peer that does not read?)", "waited", stopTimeout)
+	}
 	return why
 }
 
@@ -186,9 +204,11 @@ func (p *Proxy) background(f func()) bool {
 
 // mayConcernProxy reports whether an editor line may be one of the
 // requests the proxy looks into; every other line is forwarded without
-// being decoded.
+// being decoded. As with mayNeedProxy, a line with an escape in it may
+// spell a method differently ("session\/new", as PHP and lua-cjson write
+// it), so it is decoded too.
 func mayConcernProxy(line []byte) bool {
-	return containsAny(line, `"initialize"`, `"session/new"`, `"session/load"`, `"session/resume"`, `"session/close"`, `"session/delete"`)
+	return containsAny(line, `"initialize"`, `"session/new"`, `"session/load"`, `"session/resume"`, `"session/close"`, `"session/delete"`, `\`)
 }
 
 // next reads one line from a side, skipping over-long ones; at the end of
@@ -222,7 +242,7 @@ func (p *Proxy) answerTooLong(s *LineStream, head []byte) {
 	if isResponse && s == p.agent {
 		// No session comes of it.
 		p.mu.Lock()
-		delete(p.sessionCalls, string(id))
+		delete(p.sessionCalls, idKey(id))
 		p.mu.Unlock()
 	}
 	to, code, msg := s, int64(CodeInvalidRequest), fmt.Sprintf("message longer than %d bytes", s.max)
@@ -233,12 +253,13 @@ func (p *Proxy) answerTooLong(s *LineStream, head []byte) {
 		}
 	}
 	b, err := marshal(response{JSONRPC: "2.0", ID: id, Error: &jsonrpc2.Error{Code: code, Message: msg}})
-	if err == nil {
-		err = to.WriteLine(b)
-	}
 	if err != nil {
 		p.log.Debug("answer for an over-long message", "err", err)
+		return
 	}
+	// Queued, not written: the reader must not wait for a peer that
+	// writes before it reads, as LineStream.late says.
+	to.writeLater(b)
 }
 
 func (p *Proxy) fromEditor() error {
@@ -257,7 +278,7 @@ func (p *Proxy) fromEditor() error {
 					}
 				case "session/new", "session/load", "session/resume", "session/close", "session/delete":
 					p.mu.Lock()
-					p.sessionCalls[string(m.ID)] = sessionCall{method: m.Method, params: m.Params}
+					p.sessionCalls[idKey(m.ID)] = sessionCall{method: m.Method, params: m.Params}
 					p.mu.Unlock()
 				}
 			}
@@ -356,14 +377,14 @@ func (p *Proxy) fromAgent() error {
 			if m.isRequest() {
 				p.answerTerminal(m)
 			} else if string(m.ID) == "null" {
-				p.replyToAgent(m, nil, errNullID)
+				p.replyToAgentLater(m, nil, errNullID)
 			} else {
 				p.log.Warn("dropped a terminal notification from the agent", "method", m.Method)
 			}
 			continue
 		case m.Method == MethodCancel && p.cancelAgentCall(m.Params):
 			if m.isRequest() {
-				p.replyToAgent(m, json.RawMessage("null"), nil) // sent as a request: answered
+				p.replyToAgentLater(m, json.RawMessage("null"), nil) // sent as a request: answered
 			}
 			continue
 		case m.isResponse():
@@ -473,17 +494,17 @@ type response struct {
 // answerTerminal answers a terminal request of the agent in the session's
 // container, in the background: wait_for_exit may take long.
 func (p *Proxy) answerTerminal(m message) {
-	key := string(m.ID)
+	key := idKey(m.ID)
 	p.mu.Lock()
 	_, dup := p.agentCalls[key]
 	p.mu.Unlock()
 	if dup {
-		p.replyToAgent(m, nil, duplicateID(key))
+		p.replyToAgentLater(m, nil, duplicateID(string(m.ID)))
 		return
 	}
 	release, err := p.limit.acquire(m.Method)
 	if err != nil {
-		p.replyToAgent(m, nil, err)
+		p.replyToAgentLater(m, nil, err)
 		return
 	}
 	ctx, cancel := context.WithCancel(p.ctx)
@@ -516,19 +537,61 @@ func (p *Proxy) answerTerminal(m message) {
 
 // replyToAgent answers an agent's request with res, or with err.
 func (p *Proxy) replyToAgent(m message, res any, err error) {
-	reply := response{JSONRPC: "2.0", ID: m.ID}
-	if err != nil {
-		reply.Error = rpcError(p.ctx, err)
-	} else {
-		reply.Result = res
-	}
-	b, err := marshal(reply)
+	b, err := p.reply(m, res, err)
 	if err == nil {
 		err = p.agent.WriteLine(b)
 	}
 	if err != nil {
 		p.log.Debug("reply to agent", "method", m.Method, "err", err)
 	}
+}
+
+// replyToAgentLater is replyToAgent for the reader of the agent's
+// messages: the reply is queued, since an agent that blocks writing its
+// stdout while its stdin is full would otherwise wait for the reader as the
+// reader waits for it.
+func (p *Proxy) replyToAgentLater(m message, res any, err error) {
+	b, err := p.reply(m, res, err)
+	if err != nil {
+		p.log.Debug("reply to agent", "method", m.Method, "err", err)
+		return
+	}
+	p.agent.writeLater(b)
+}
+
+func (p *Proxy) reply(m message, res any, err error) ([]byte, error) {
+	reply := response{JSONRPC: "2.0", ID: m.ID}
+	if err != nil {
+		reply.Error = rpcError(p.ctx, err)
+	} else {
+		reply.Result = res
+	}
+	return marshal(reply)
+}
+
+// idKey is a request id as a map key: ids the peers match as JSON values
+// ("\u0061" and "a", 1 and 1.0) get the same key, ids of another type
+// never do.
+func idKey(id json.RawMessage) string {
+	if len(id) > 0 && id[0] == '"' {
+		var s string
+		if json.Unmarshal(id, &s) == nil {
+			return `"` + s
+		}
+		return string(id)
+	}
+	if n, err := strconv.ParseInt(string(id), 10, 64); err == nil {
+		return strconv.FormatInt(n, 10)
+	}
+	// A peer in JavaScript reads every number as a float64, and answers
+	// with what it read.
+	if f, err := strconv.ParseFloat(string(id), 64); err == nil {
+		if f == math.Trunc(f) && math.Abs(f) < 1<<63 {
+			return strconv.FormatInt(int64(f), 10)
+		}
+		return strconv.FormatFloat(f, 'g', -1, 64)
+	}
+	return string(id)
 }
 
 func (p *Proxy) cancelAgentCall(params json.RawMessage) bool {
@@ -539,7 +602,7 @@ func (p *Proxy) cancelAgentCall(params json.RawMessage) bool {
 		return false
 	}
 	p.mu.Lock()
-	cancel, ok := p.agentCalls[string(c.RequestID)]
+	cancel, ok := p.agentCalls[idKey(c.RequestID)]
 	p.mu.Unlock()
 	if ok {
 		cancel()
@@ -550,24 +613,25 @@ func (p *Proxy) cancelAgentCall(params json.RawMessage) bool {
 // sessionAnswered prepares the container of a session the agent opened,
 // loaded or resumed, and removes the container of one it closed or deleted.
 func (p *Proxy) sessionAnswered(m message) {
+	key := idKey(m.ID)
 	p.mu.Lock()
-	call, ok := p.sessionCalls[string(m.ID)]
-	delete(p.sessionCalls, string(m.ID))
+	call, ok := p.sessionCalls[key]
+	delete(p.sessionCalls, key)
 	p.mu.Unlock()
 	if !ok || (len(m.Error) > 0 && string(m.Error) != "null") {
 		return
 	}
-	var req struct {
-		SessionID string   `json:"sessionId"`
-		Cwd       string   `json:"cwd"`
-		Dirs      []string `json:"additionalDirectories"`
+	f, err := decodeFields(call.params, "")
+	if err != nil {
+		return
 	}
-	if json.Unmarshal(call.params, &req) != nil {
+	var sessionID, cwd string
+	if get(f, "sessionId", false, &sessionID) != nil {
 		return
 	}
 	switch call.method {
 	case "session/close", "session/delete":
-		p.closeSession(req.SessionID)
+		p.closeSession(sessionID)
 		return
 	case "session/new":
 		var res struct {
@@ -576,13 +640,16 @@ func (p *Proxy) sessionAnswered(m message) {
 		if json.Unmarshal(m.Result, &res) != nil {
 			return
 		}
-		req.SessionID = res.SessionID
+		sessionID = res.SessionID
 	}
-	if req.SessionID == "" || req.Cwd == "" {
+	if get(f, "cwd", false, &cwd) != nil || sessionID == "" || cwd == "" {
 		return
 	}
 	spec := p.terms.defaults
-	spec.ID, spec.Workspace, spec.ExtraDirs = req.SessionID, req.Cwd, req.Dirs
+	// additionalDirectories is read as the agent reads it (the schema's
+	// x-deserialize-skip-invalid-items): an item that is no string is
+	// left out, the others are mounted.
+	spec.ID, spec.Workspace, spec.ExtraDirs = sessionID, cwd, items[string](f, "additionalDirectories")
 	p.mu.Lock()
 	p.specs[spec.ID] = spec
 	p.mu.Unlock()
@@ -634,7 +701,9 @@ func (p *Proxy) closeSession(id string) {
 }
 
 // lookup finds a terminal of a session, also one the agent released after
-// showing it in a tool call.
+// showing it in a tool call. It never waits for a container still
+// starting, which has no terminals yet: it runs in the relay from the
+// agent, with p.updates held.
 func (p *Proxy) lookup(sessionID, terminalID string) *sandbox.Terminal {
 	p.mu.Lock()
 	e := p.embedded[termKey{sessionID, terminalID}]
@@ -642,7 +711,9 @@ func (p *Proxy) lookup(sessionID, terminalID string) *sandbox.Terminal {
 	if e != nil {
 		return e.t
 	}
-	s, err := p.terms.Session(p.ctx, sessionID)
+	now, cancel := context.WithCancel(p.ctx)
+	cancel() // done: Session does not wait
+	s, err := p.terms.Session(now, sessionID)
 	if err != nil {
 		return nil
 	}
@@ -741,12 +812,13 @@ func (p *Proxy) rewriteUpdate(line []byte, params json.RawMessage) []byte {
 		if !ok {
 			continue
 		}
+		if p.agentTerminal(n.SessionID, id) {
+			continue
+		}
 		t := p.lookup(n.SessionID, id)
 		if t == nil {
-			if !p.agentTerminal(n.SessionID, id) {
-				p.log.Warn("tool call shows an unknown terminal", "session", n.SessionID, "terminal", id)
-				unknown = append(unknown, id)
-			}
+			p.log.Warn("tool call shows an unknown terminal", "session", n.SessionID, "terminal", id)
+			unknown = append(unknown, id)
 			continue
 		}
 		p.remember(n.SessionID, t)
@@ -959,6 +1031,10 @@ type watch struct {
 	toolCallID string
 	wake       chan struct{} // the agent replaced the content
 	forget     func()
+	// shownAt is when the editor got the terminals' output last: from a
+	// refresh, or from the rewritten tool call that started a text watch
+	// or replaced its content. Guarded by p.updates.
+	shownAt time.Time
 	// closed says the session is closed: nothing more is sent. Guarded
 	// by p.updates.
 	closed bool
@@ -980,6 +1056,7 @@ func (w *watch) setContent(content []json.RawMessage, terms []*sandbox.Terminal)
 	w.content, w.terms = content, terms
 	items := w.render()
 	w.shown, _ = marshal(items)
+	w.shownAt = time.Now()
 	select {
 	case w.wake <- struct{}{}:
 	default:
@@ -995,8 +1072,18 @@ func (w *watch) terminals() []*sandbox.Terminal {
 }
 
 func (w *watch) run(ctx context.Context) {
-	var last time.Time // of the last refresh sent
 	for {
+		w.p.updates.Lock()
+		last := w.shownAt
+		w.p.updates.Unlock()
+		if d := refreshInterval - time.Since(last); d > 0 {
+			select {
+			case <-ctx.Done():
+				w.forget()
+				return
+			case <-time.After(d):
+			}
+		}
 		w.p.updates.Lock()
 		terms := w.terminals()
 		changed := make([]<-chan struct{}, len(terms))
@@ -1010,6 +1097,9 @@ func (w *watch) run(ctx context.Context) {
 			}
 		}
 		sent, err := w.refresh(final)
+		if sent {
+			w.shownAt = time.Now()
+		}
 		if final || err != nil {
 			// Forgotten before p.updates is released, so an update of
 			// the agent either reaches this watch in time or starts a
@@ -1024,20 +1114,9 @@ func (w *watch) run(ctx context.Context) {
 		if final {
 			return
 		}
-		if sent {
-			last = time.Now()
-		}
 		if !waitAny(ctx, w.wake, changed, terms) {
 			w.forget()
 			return
-		}
-		if d := refreshInterval - time.Since(last); d > 0 {
-			select {
-			case <-ctx.Done():
-				w.forget()
-				return
-			case <-time.After(d):
-			}
 		}
 	}
 }

@@ -4,25 +4,48 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/moby/moby/client"
+
+	"github.com/sandboxd/sandboxd"
 	"github.com/sandboxd/sandboxd/sandbox"
 )
 
-// proxyPeers is a proxy between two in-memory peers. Its Terminals have no
-// manager: every path these tests take must answer without a container.
+// proxyPeers is a proxy between two in-memory peers. Unless it is started
+// with a manager, its Terminals have none: every path such a test takes
+// must answer without a container.
 type proxyPeers struct {
 	toProxyFromEditor, toProxyFromAgent io.WriteCloser
 	editor, agent                       *bufio.Reader // what each peer receives
 	logs                                *syncBuffer
 	ended                               chan error
+	p                                   *Proxy
+	cancel                              context.CancelFunc // cancels Run
+}
+
+// newSession has the editor open a session in a new directory, which the
+// agent answers with sid.
+func (pp *proxyPeers) newSession(t *testing.T, sid string) {
+	t.Helper()
+	send(t, pp.toProxyFromEditor, `{"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"`+t.TempDir()+`","mcpServers":[]}}`+"\n")
+	recv(t, pp.agent)
+	send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","id":1,"result":{"sessionId":"`+sid+`"}}`+"\n")
+	recv(t, pp.editor)
 }
 
 // syncBuffer is a bytes.Buffer the proxy's goroutines may log to while a
@@ -49,6 +72,12 @@ const testMaxMessage = 1 << 20
 
 func startProxy(t *testing.T) *proxyPeers {
 	t.Helper()
+	return startProxyWith(t, nil)
+}
+
+// startProxyWith is startProxy with the sessions of m.
+func startProxyWith(t *testing.T, m *sandbox.Manager) *proxyPeers {
+	t.Helper()
 	edInR, edInW := io.Pipe()
 	edOutR, edOutW := io.Pipe()
 	agInR, agInW := io.Pipe()
@@ -59,10 +88,11 @@ func startProxy(t *testing.T) *proxyPeers {
 		logs: &syncBuffer{}, ended: make(chan error, 1),
 	}
 	log := slog.New(slog.NewTextHandler(pp.logs, nil))
-	p := NewProxy(NewTerminals(nil, "test", "/", sandbox.SessionSpec{}), pipeConn{edInR, edOutW}, pipeConn{agOutR, agInW}, log)
+	p := NewProxy(NewTerminals(m, "test", "/", sandbox.SessionSpec{}), pipeConn{edInR, edOutW}, pipeConn{agOutR, agInW}, log)
 	// Over-long messages without pushing 64 MiB through a pipe.
 	p.editor.max, p.agent.max = testMaxMessage, testMaxMessage
 	ctx, cancel := context.WithCancel(context.Background())
+	pp.p, pp.cancel = p, cancel
 	go func() { pp.ended <- p.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
@@ -348,5 +378,378 @@ func TestWrapProxyAnswersForOverlongMessages(t *testing.T) {
 	go io.WriteString(pp.toProxyFromEditor, `{"jsonrpc":"2.0","id":9,"method":"session/prompt","params":{"prompt":"`+huge+`"}}`+"\n")
 	if got := recv(t, pp.editor); !strings.Contains(got, `"id":9`) || !strings.Contains(got, `-32600`) {
 		t.Errorf("editor got %q, want an error for its request 9", got)
+	}
+}
+
+// fakeEngine answers the Docker Engine API in memory, for tests that need
+// sessions but no containers: containers are created and started at once,
+// a terminal's exec streams what the test sends to output and exits 0
+// once it is closed, the exec that verifies mounts fails (so they go
+// unverified), and the calls named in hold ("create", "remove") wait until
+// release is called or the test ends.
+type fakeEngine struct {
+	m       *sandbox.Manager
+	output  chan []byte
+	release func()
+
+	hold     []string
+	released chan struct{}
+	conns    chan net.Conn
+	done     chan struct{}
+	execs    atomic.Int64
+}
+
+func newFakeEngine(t *testing.T, hold ...string) *fakeEngine {
+	t.Helper()
+	e := &fakeEngine{output: make(chan []byte), hold: hold, released: make(chan struct{}),
+		conns: make(chan net.Conn), done: make(chan struct{})}
+	var once sync.Once
+	e.release = func() { once.Do(func() { close(e.released) }) }
+	srv := &http.Server{Handler: e}
+	go srv.Serve(e)
+	cli, err := client.New(client.WithHTTPClient(&http.Client{Transport: &http.Transport{DialContext: e.dial}}),
+		client.WithAPIVersion(client.MaxAPIVersion))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := sandbox.LoadConfig(sandboxd.DefaultConfig, "", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.m, err = sandbox.NewManager(context.Background(), cli, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		e.release()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		e.m.Close(ctx)
+		close(e.done)
+		srv.Close()
+	})
+	return e
+}
+
+// Accept, Close, Addr and dial make the engine a listener of in-memory
+// connections.
+func (e *fakeEngine) Accept() (net.Conn, error) {
+	select {
+	case c := <-e.conns:
+		return c, nil
+	case <-e.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (e *fakeEngine) Close() error { return nil }
+
+func (e *fakeEngine) Addr() net.Addr { return &net.UnixAddr{Name: "fake-engine", Net: "unix"} }
+
+func (e *fakeEngine) dial(ctx context.Context, _, _ string) (net.Conn, error) {
+	c, s := net.Pipe()
+	select {
+	case e.conns <- s:
+		return c, nil
+	case <-e.done:
+		return nil, net.ErrClosed
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (e *fakeEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	answer := func(code int, body string) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(code)
+		io.WriteString(w, body)
+	}
+	path := r.URL.Path
+	op := ""
+	switch {
+	case strings.HasSuffix(path, "/info"):
+		answer(200, `{"NCPU":2}`)
+	case strings.HasSuffix(path, "/containers/json"):
+		answer(200, `[]`)
+	case strings.HasSuffix(path, "/containers/create"):
+		op = "create"
+	case strings.Contains(path, "/containers/") && strings.HasSuffix(path, "/start"):
+		w.WriteHeader(204)
+	case strings.Contains(path, "/containers/") && r.Method == http.MethodDelete:
+		op = "remove"
+	case strings.HasSuffix(path, "/exec"):
+		var req struct{ Cmd []string }
+		json.NewDecoder(r.Body).Decode(&req)
+		if len(req.Cmd) > 0 && req.Cmd[0] == "stat" {
+			answer(500, `{"message":"no stat in the fake engine"}`)
+			return
+		}
+		answer(201, fmt.Sprintf(`{"Id":"exec%d"}`, e.execs.Add(1)))
+	case strings.Contains(path, "/exec/") && strings.HasSuffix(path, "/start"):
+		// Read before the hijack: a pipe has no buffer to leave it in.
+		io.Copy(io.Discard, r.Body)
+		e.stream(w)
+	case strings.Contains(path, "/exec/") && strings.HasSuffix(path, "/json"):
+		answer(200, `{"Running":false,"ExitCode":0}`)
+	default:
+		answer(500, `{"message":"not in the fake engine"}`)
+	}
+	if op == "" {
+		return
+	}
+	if slices.Contains(e.hold, op) {
+		select {
+		case <-e.released:
+			answer(500, `{"message":"released"}`)
+		case <-r.Context().Done():
+		}
+		return
+	}
+	if op == "create" {
+		answer(201, `{"Id":"0123456789abcdef0123456789abcdef","Warnings":[]}`)
+	} else {
+		w.WriteHeader(204)
+	}
+}
+
+// stream is a terminal's exec: what the test sends to output, as stdout.
+func (e *fakeEngine) stream(w http.ResponseWriter) {
+	conn, buf, err := w.(http.Hijacker).Hijack()
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	buf.WriteString("HTTP/1.1 101 UPGRADED\r\nContent-Type: application/vnd.docker.multiplexed-stream\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n")
+	buf.Flush()
+	for {
+		select {
+		case b, ok := <-e.output:
+			if !ok {
+				return
+			}
+			head := []byte{1, 0, 0, 0, 0, 0, 0, 0}
+			binary.BigEndian.PutUint32(head[4:], uint32(len(b)))
+			if _, err := conn.Write(append(head, b...)); err != nil {
+				return
+			}
+		case <-e.done:
+			return
+		}
+	}
+}
+
+// TestWrapProxyTracksSessions: the proxy prepares a container for a
+// session the agent opens, and forgets one it closes, however the editor
+// spells the request, its id and its params.
+func TestWrapProxyTracksSessions(t *testing.T) {
+	e := newFakeEngine(t)
+	ws := t.TempDir()
+	tests := []struct {
+		name          string
+		request       string // WS stands for a workspace
+		answer        string
+		wantOpen      string // the session prepared
+		wantExtraDirs []string
+		wantClosed    string // the session forgotten
+	}{
+		{name: "plain", request: `{"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"WS","mcpServers":[]}}`,
+			answer: `{"jsonrpc":"2.0","id":1,"result":{"sessionId":"n1"}}`, wantOpen: "n1"},
+		// PHP's json_encode and lua-cjson escape every slash.
+		{name: "escaped slash in new", request: `{"jsonrpc":"2.0","id":2,"method":"session\/new","params":{"cwd":"WS","mcpServers":[]}}`,
+			answer: `{"jsonrpc":"2.0","id":2,"result":{"sessionId":"n2"}}`, wantOpen: "n2"},
+		{name: "escaped slash in load", request: `{"jsonrpc":"2.0","id":3,"method":"session\/load","params":{"sessionId":"n3","cwd":"WS","mcpServers":[]}}`,
+			answer: `{"jsonrpc":"2.0","id":3,"result":{}}`, wantOpen: "n3"},
+		{name: "escaped slash in close", request: `{"jsonrpc":"2.0","id":4,"method":"session\/close","params":{"sessionId":"n1"}}`,
+			answer: `{"jsonrpc":"2.0","id":4,"result":{}}`, wantClosed: "n1"},
+		{name: "escaped slash in delete", request: `{"jsonrpc":"2.0","id":5,"method":"session\/delete","params":{"sessionId":"n2"}}`,
+			answer: `{"jsonrpc":"2.0","id":5,"result":{}}`, wantClosed: "n2"},
+		// The agent answers the id it decoded, in its own spelling.
+		{name: "escaped string id", request: `{"jsonrpc":"2.0","id":"\u0061","method":"session/new","params":{"cwd":"WS","mcpServers":[]}}`,
+			answer: `{"jsonrpc":"2.0","id":"a","result":{"sessionId":"n4"}}`, wantOpen: "n4"},
+		{name: "number id written otherwise", request: `{"jsonrpc":"2.0","id":6.0,"method":"session/close","params":{"sessionId":"n4"}}`,
+			answer: `{"jsonrpc":"2.0","id":6,"result":{}}`, wantClosed: "n4"},
+		// x-deserialize-skip-invalid-items: what is not a string is left
+		// out, the rest mounted.
+		{name: "invalid additional directories", request: `{"jsonrpc":"2.0","id":7,"method":"session/new","params":{"cwd":"WS","additionalDirectories":[7,"WS/x",null,{"a":1}],"mcpServers":[]}}`,
+			answer: `{"jsonrpc":"2.0","id":7,"result":{"sessionId":"n5"}}`, wantOpen: "n5", wantExtraDirs: []string{ws + "/x"}},
+	}
+	pp := startProxyWith(t, e.m)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			request := strings.ReplaceAll(tc.request, "WS", ws) + "\n"
+			send(t, pp.toProxyFromEditor, request)
+			if got := recv(t, pp.agent); got != request {
+				t.Fatalf("agent got %q, want %q", got, request)
+			}
+			send(t, pp.toProxyFromAgent, tc.answer+"\n")
+			if got := recv(t, pp.editor); got != tc.answer+"\n" {
+				t.Fatalf("editor got %q, want %q", got, tc.answer)
+			}
+			// The answer is acted on before it is relayed.
+			pp.p.mu.Lock()
+			defer pp.p.mu.Unlock()
+			if n := len(pp.p.sessionCalls); n != 0 {
+				t.Errorf("%d session calls still wait for an answer", n)
+			}
+			if tc.wantOpen != "" {
+				spec, ok := pp.p.specs[tc.wantOpen]
+				if !ok || spec.Workspace != ws || !slices.Equal(spec.ExtraDirs, tc.wantExtraDirs) {
+					t.Errorf("session %s prepared: %v with %+v, want workspace %s, extra dirs %q", tc.wantOpen, ok, spec, ws, tc.wantExtraDirs)
+				}
+			}
+			if _, ok := pp.p.specs[tc.wantClosed]; tc.wantClosed != "" && ok {
+				t.Errorf("session %s is still there after it closed", tc.wantClosed)
+			}
+		})
+	}
+}
+
+// TestWrapProxyDoesNotWaitForAColdStart: a tool call that names a
+// terminal of a session whose container is still starting goes on to the
+// editor at once; the messages after it must not wait for the container.
+func TestWrapProxyDoesNotWaitForAColdStart(t *testing.T) {
+	e := newFakeEngine(t, "create")
+	defer e.release()
+	pp := startProxyWith(t, e.m)
+	pp.newSession(t, "s")
+	tests := []struct {
+		name, line string
+		want       string // "" for as it was sent
+	}{
+		{"unknown terminal", `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c1","content":[{"type":"terminal","terminalId":"term_x"}]}}}`,
+			`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"content":[{"type":"content","content":{"type":"text","text":"(the output of terminal term_x is not available)"}}],"sessionUpdate":"tool_call","toolCallId":"c1"}}}`},
+		{"the agent's own terminal", `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"toolu_1","content":[{"type":"terminal","terminalId":"toolu_1"}],"_meta":{"terminal_info":{"terminal_id":"toolu_1","cwd":"/w"}}}}}`, ""},
+	}
+	for _, tc := range tests {
+		ok := t.Run(tc.name, func(t *testing.T) {
+			send(t, pp.toProxyFromAgent, tc.line+"\n")
+			want := tc.want
+			if want == "" {
+				want = tc.line
+			}
+			if got := recv(t, pp.editor); got != want+"\n" {
+				t.Errorf("editor got %q, want %q", got, want)
+			}
+		})
+		if !ok {
+			break // the proxy may not read the next one
+		}
+	}
+}
+
+// TestWrapProxyRunEndsWithWorkStuck: once cancelled, Run returns in
+// bounded time even when work in flight does not end (here, a container
+// removal the engine never answers; alike, a refresh written to an
+// editor that stopped reading), so that the wrap can stop the agent.
+func TestWrapProxyRunEndsWithWorkStuck(t *testing.T) {
+	e := newFakeEngine(t, "remove")
+	defer e.release()
+	pp := startProxyWith(t, e.m)
+	pp.newSession(t, "s")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := pp.p.terms.Session(ctx, "s"); err != nil {
+		t.Fatalf("session s did not start: %v", err)
+	}
+	send(t, pp.toProxyFromEditor, `{"jsonrpc":"2.0","id":2,"method":"session/close","params":{"sessionId":"s"}}`+"\n")
+	recv(t, pp.agent)
+	send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","id":2,"result":{}}`+"\n")
+	recv(t, pp.editor)
+	pp.cancel()
+	select {
+	case err := <-pp.ended:
+		pp.ended <- err // for the cleanup
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("Run = %v, want %v", err, context.Canceled)
+		}
+	case <-time.After(stopTimeout + 3*time.Second):
+		t.Fatal("Run did not return after it was cancelled")
+	}
+}
+
+// TestWrapProxyRepliesDoNotWaitForTheAgent: the replies the relay's
+// reader makes itself are queued, so an agent that writes all it has
+// before it reads its stdin is not waited for as it waits for sandboxd.
+func TestWrapProxyRepliesDoNotWaitForTheAgent(t *testing.T) {
+	pp := startProxy(t)
+	lines := []string{
+		`{"jsonrpc":"2.0","id":null,"method":"terminal/output","params":{"sessionId":"s","terminalId":"t"}}`,
+		`{"jsonrpc":"2.0","id":41,"method":"fs/read_text_file","params":{"path":"` + strings.Repeat("a", testMaxMessage) + `"}}`,
+		`{"jsonrpc":"2.0","id":null,"method":"terminal/kill","params":{"sessionId":"s","terminalId":"t"}}`,
+	}
+	marker := `{"jsonrpc":"2.0","method":"_marker","params":{}}` + "\n"
+	go func() {
+		// The agent does not read until it has written everything.
+		for _, line := range lines {
+			if _, err := io.WriteString(pp.toProxyFromAgent, line+"\n"); err != nil {
+				return
+			}
+		}
+		io.WriteString(pp.toProxyFromAgent, marker)
+	}()
+	if got := recv(t, pp.editor); got != marker {
+		t.Fatalf("editor got %q, want %q", got, marker)
+	}
+	for _, want := range []string{`"id":null`, `"id":41`, `"id":null`} {
+		if got := recv(t, pp.agent); !strings.Contains(got, want) || !strings.Contains(got, `"error"`) {
+			t.Errorf("agent got %q, want an error with %s", got, want)
+		}
+	}
+}
+
+func TestIDKey(t *testing.T) {
+	for _, tc := range []struct {
+		a, b string
+		same bool
+	}{
+		{`"a"`, `"\u0061"`, true},
+		{`"a/b"`, `"a\/b"`, true},
+		{`1`, `1.0`, true},
+		{`1`, `1e0`, true},
+		{`-0`, `0`, true},
+		{`12345678901234567890`, `1.2345678901234567e19`, true},
+		{`1`, `"1"`, false},
+		{`1`, `2`, false},
+		{`"a"`, `"b"`, false},
+		{`1.5`, `1`, false},
+		{`null`, `"null"`, false},
+	} {
+		if got := idKey(json.RawMessage(tc.a)) == idKey(json.RawMessage(tc.b)); got != tc.same {
+			t.Errorf("idKey(%s) == idKey(%s) is %v, want %v", tc.a, tc.b, got, tc.same)
+		}
+	}
+}
+
+// TestWrapProxyFirstRefreshWaits: the rewritten tool call that starts a
+// text watch carries the output already, so the first refresh comes no
+// sooner than refreshInterval after it.
+func TestWrapProxyFirstRefreshWaits(t *testing.T) {
+	e := newFakeEngine(t)
+	pp := startProxyWith(t, e.m)
+	pp.newSession(t, "s")
+	send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","id":2,"method":"terminal/create","params":{"sessionId":"s","command":"make"}}`+"\n")
+	var created struct {
+		Result CreateTerminalResponse `json:"result"`
+	}
+	if line := recv(t, pp.agent); json.Unmarshal([]byte(line), &created) != nil || created.Result.TerminalID == "" {
+		t.Fatalf("terminal/create answered %q", line)
+	}
+	id := created.Result.TerminalID
+	send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c","content":[{"type":"terminal","terminalId":"`+id+`"}]}}}`+"\n")
+	if got := recv(t, pp.editor); !strings.Contains(got, `"sessionUpdate":"tool_call"`) || strings.Contains(got, id+`"}`) {
+		t.Fatalf("editor got %q, want the tool call with the terminal as text", got)
+	}
+	shown := time.Now()
+	e.output <- []byte("building\n")
+	got := recv(t, pp.editor)
+	if since := time.Since(shown); since < refreshInterval*8/10 {
+		t.Errorf("first refresh %v after the tool call, want %v or more", since, refreshInterval)
+	}
+	if !strings.Contains(got, `"sessionUpdate":"tool_call_update"`) || !strings.Contains(got, `building\n`) {
+		t.Errorf("editor got %q, want a refresh with the output", got)
+	}
+	close(e.output)
+	if got := recv(t, pp.editor); !strings.Contains(got, `[exit code 0]`) {
+		t.Errorf("editor got %q, want the output with the exit code", got)
 	}
 }

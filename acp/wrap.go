@@ -119,7 +119,13 @@ func Wrap(ctx context.Context, terms *Terminals, editor io.ReadWriteCloser, agen
 	}
 	stopProxy()
 	if !relayed {
-		<-ended
+		// Run ends within stopTimeout of its cancellation; should it not,
+		// the containers must still go and sandboxd exit.
+		select {
+		case <-ended:
+		case <-time.After(2 * stopTimeout):
+			log.Warn("the relay did not end; leaving it")
+		}
 	}
 	agentOut.Close()
 	if !errors.Is(why, ErrAgentClosed) {

@@ -335,3 +335,20 @@ func TestPlanBinds(t *testing.T) {
 		})
 	}
 }
+
+// TestValidateSpecLeavesTheCallersDirsAlone: the spec's directories are
+// cleaned in a copy; the caller's slice may be read meanwhile.
+func TestValidateSpecLeavesTheCallersDirsAlone(t *testing.T) {
+	cfg, err := LoadConfig(sandboxd.DefaultConfig, "", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dirs := []string{"/w/extra/../other/"}
+	spec, err := ValidateSpec(cfg, 2, SessionSpec{ID: "s", Workspace: "/w", ExtraDirs: dirs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if spec.ExtraDirs[0] != "/w/other" || dirs[0] != "/w/extra/../other/" {
+		t.Errorf("ExtraDirs = %q, the caller's = %q; want it cleaned in a copy only", spec.ExtraDirs, dirs)
+	}
+}

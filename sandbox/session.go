@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -150,6 +151,9 @@ func ValidateSpec(cfg Config, hostCPUs int, spec SessionSpec) (SessionSpec, erro
 		return spec, fmt.Errorf("%w: cwd: %q is not an absolute path", ErrInvalid, spec.Workspace)
 	}
 	spec.Workspace = filepath.Clean(spec.Workspace)
+	// Cleaned in a copy: the caller's spec shares the slice, and may be
+	// read while the session starts.
+	spec.ExtraDirs = slices.Clone(spec.ExtraDirs)
 	for i, d := range spec.ExtraDirs {
 		if err := checkString("additionalDirectories", d); err != nil {
 			return spec, err
