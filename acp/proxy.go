@@ -257,6 +257,14 @@ func (p *Proxy) answerTooLong(s *LineStream, head []byte) {
 		p.log.Debug("answer for an over-long message", "err", err)
 		return
 	}
+	if to != s {
+		// The other side, in place: it keeps its order among the lines
+		// this reader relays there.
+		if err := to.WriteLine(b); err != nil {
+			p.log.Debug("answer for an over-long message", "err", err)
+		}
+		return
+	}
 	// Queued, not written: the reader must not wait for a peer that
 	// writes before it reads, as LineStream.late says.
 	to.writeLater(b)

@@ -735,11 +735,13 @@ func TestWrapProxyFirstRefreshWaits(t *testing.T) {
 		t.Fatalf("terminal/create answered %q", line)
 	}
 	id := created.Result.TerminalID
+	// Taken before the tool call is sent, so the proxy's own moment of
+	// showing it is later: a slow test run cannot make the wait look short.
+	shown := time.Now()
 	send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c","content":[{"type":"terminal","terminalId":"`+id+`"}]}}}`+"\n")
 	if got := recv(t, pp.editor); !strings.Contains(got, `"sessionUpdate":"tool_call"`) || strings.Contains(got, id+`"}`) {
 		t.Fatalf("editor got %q, want the tool call with the terminal as text", got)
 	}
-	shown := time.Now()
 	e.output <- []byte("building\n")
 	got := recv(t, pp.editor)
 	if since := time.Since(shown); since < refreshInterval*8/10 {

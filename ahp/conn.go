@@ -24,7 +24,7 @@ type conn struct {
 	// bytes; a client further behind than Config.Backlog is disconnected
 	// rather than allowed to grow memory.
 	qmu    sync.Mutex
-	queue  [][]byte
+	queue  []outgoing
 	queued int
 	wake   chan struct{} // capacity 1: the queue is not empty
 	// writing says a goroutine is draining the queue: the writer, or the
@@ -54,11 +54,26 @@ func (c *conn) subscribed(channel string) bool {
 	return c.subs[channel]
 }
 
+// outgoing is a message queued for the client; counted says it counts
+// against the backlog.
+type outgoing struct {
+	msg     []byte
+	counted bool
+}
+
 // send queues msg for the client without blocking: it runs under the
 // server's lock.
-func (c *conn) send(msg []byte) {
+func (c *conn) send(msg []byte) { c.enqueue(msg, true) }
+
+// sendReply queues an answer to the client's request. It does not count
+// against the backlog: the reader sends it and flushes it before it reads
+// the next request, so answers cannot pile up, and one may be far bigger
+// than the backlog (a snapshot).
+func (c *conn) sendReply(msg []byte) { c.enqueue(msg, false) }
+
+func (c *conn) enqueue(msg []byte, counted bool) {
 	c.qmu.Lock()
-	if c.queued > 0 && c.queued+len(msg) > c.s.cfg.Backlog {
+	if counted && c.queued > 0 && c.queued+len(msg) > c.s.cfg.Backlog {
 		backlog := c.queued
 		c.qmu.Unlock()
 		select {
@@ -73,8 +88,10 @@ func (c *conn) send(msg []byte) {
 		}
 		return
 	}
-	c.queue = append(c.queue, msg)
-	c.queued += len(msg)
+	c.queue = append(c.queue, outgoing{msg, counted})
+	if counted {
+		c.queued += len(msg)
+	}
 	wake := !c.writing && !c.quiet
 	c.qmu.Unlock()
 	if wake {
@@ -110,7 +127,7 @@ func (c *conn) flush(ctx context.Context) {
 // drain writes what is queued until the queue is empty, then gives up the
 // writing role. The caller holds it.
 func (c *conn) drain(ctx context.Context) {
-	var batch [][]byte
+	var batch []outgoing
 	for {
 		c.qmu.Lock()
 		if len(c.queue) == 0 {
@@ -122,16 +139,18 @@ func (c *conn) drain(ctx context.Context) {
 		// What is being written no longer counts against the backlog:
 		// a snapshot bigger than it would otherwise cut its client off
 		// at the next action, and again at every reconnect.
-		for _, msg := range batch {
-			c.queued -= len(msg)
+		for _, o := range batch {
+			if o.counted {
+				c.queued -= len(o.msg)
+			}
 		}
 		c.qmu.Unlock()
-		for i, msg := range batch {
-			if err := c.ws.Write(ctx, websocket.MessageText, msg); err != nil {
+		for i, o := range batch {
+			if err := c.ws.Write(ctx, websocket.MessageText, o.msg); err != nil {
 				c.close()
 				return
 			}
-			batch[i] = nil
+			batch[i] = outgoing{}
 		}
 	}
 }
@@ -205,7 +224,7 @@ func (c *conn) reply(id json.RawMessage, result any, rerr *rpcError) {
 	}
 	b, _ := json.Marshal(m)
 	c.hold() // replies are sent by the reader
-	c.send(b)
+	c.sendReply(b)
 }
 
 func invalid(format string, args ...any) *rpcError {

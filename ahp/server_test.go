@@ -879,3 +879,32 @@ func TestStrangersAreBounded(t *testing.T) {
 		t.Errorf("one stranger too many: %v, want closed with %d", err, websocket.StatusTryAgainLater)
 	}
 }
+
+// TestRepliesDoNotCountAgainstTheBacklog: an answer the reader has queued
+// but not yet flushed (a snapshot bigger than the backlog) must not make
+// the next action look like a client falling behind.
+func TestRepliesDoNotCountAgainstTheBacklog(t *testing.T) {
+	s := testServer(Config{Backlog: 1 << 20})
+	c := newConn(context.Background(), s, nil)
+	defer c.abort()
+	c.hold()
+	c.sendReply(make([]byte, 8<<20))
+	c.send([]byte("action"))
+	select {
+	case <-c.done:
+		t.Fatal("the client was cut off behind its own answer")
+	default:
+	}
+	if c.queued != len("action") || len(c.queue) != 2 {
+		t.Errorf("queued %d bytes in %d messages, want the action's %d in 2", c.queued, len(c.queue), len("action"))
+	}
+	// Actions alone still cut off a client that falls behind.
+	for range 2 {
+		c.send(make([]byte, 600<<10))
+	}
+	select {
+	case <-c.done:
+	default:
+		t.Error("a client 1.2 MiB of actions behind, backlog 1 MiB, was not cut off")
+	}
+}

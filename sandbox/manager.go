@@ -45,8 +45,10 @@ type Manager struct {
 
 	mu       sync.Mutex
 	sessions map[string]*Session
-	// detached are sessions taken out of sessions whose close is still to
-	// come; Close closes them too.
+	// detached are sessions taken out of sessions, whose container is
+	// still there: their close is to come, or under way. Close waits for
+	// them, and they count as sessions for the limit and for the checks
+	// of what other sessions can write.
 	detached map[*Session]struct{}
 	closed   bool
 	wg       sync.WaitGroup
@@ -213,7 +215,7 @@ func (m *Manager) reserve(key string, spec SessionSpec) (*Session, int, error) {
 	if s, ok := m.sessions[key]; ok && !s.isClosed() {
 		return s, existing, nil
 	}
-	if len(m.sessions) >= int(m.cfg.Server.MaxSessions) {
+	if len(m.sessions)+len(m.detached) >= int(m.cfg.Server.MaxSessions) {
 		return nil, 0, fmt.Errorf("open session %s: %w: %d sessions are open (server.max_sessions)", spec.ID, ErrLimit, m.cfg.Server.MaxSessions)
 	}
 	if s := m.spare; s != nil && spareFits(s.spec, spec) {
@@ -321,8 +323,11 @@ func (m *Manager) writableByAnother(s *Session, dir string) bool {
 		return false
 	}
 	m.mu.Lock()
-	others := make([]*Session, 0, len(m.sessions)+1)
+	others := make([]*Session, 0, len(m.sessions)+len(m.detached)+1)
 	for _, o := range m.sessions {
+		others = append(others, o)
+	}
+	for o := range m.detached {
 		others = append(others, o)
 	}
 	if m.spare != nil {
@@ -382,6 +387,14 @@ func (m *Manager) Detach(key string) *Session {
 	return s
 }
 
+// Sessions returns the number of sessions whose container is there or on
+// its way.
+func (m *Manager) Sessions() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.sessions) + len(m.detached)
+}
+
 // CloseSession removes the session under key and its container.
 func (m *Manager) CloseSession(ctx context.Context, key string) error {
 	m.mu.Lock()
@@ -402,11 +415,15 @@ func (m *Manager) forget(s *Session) {
 	m.mu.Unlock()
 }
 
-// Sessions returns the number of open sessions.
-func (m *Manager) Sessions() int {
+// detach takes s out of sessions, if it is there, and keeps it among the
+// detached until forget.
+func (m *Manager) detach(s *Session) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	return len(m.sessions)
+	if m.sessions[s.key] == s {
+		delete(m.sessions, s.key)
+	}
+	m.detached[s] = struct{}{}
+	m.mu.Unlock()
 }
 
 // Close removes every session's container and releases the instance lock.
@@ -468,7 +485,8 @@ func (m *Manager) removeLeftovers(ctx context.Context) error {
 	var errs []error
 	for _, c := range list.Items {
 		m.log.Warn("removing a container left behind", "container", c.ID[:12], "session", c.Labels[LabelSession])
-		if _, err := m.cli.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true}); err != nil && !isNotFound(err) {
+		// A conflict is a removal under way already.
+		if _, err := m.cli.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true}); err != nil && !isNotFound(err) && !cerrdefs.IsConflict(err) {
 			errs = append(errs, fmt.Errorf("remove leftover container %.12s: %w", c.ID, err))
 		}
 	}

@@ -126,3 +126,47 @@ func TestDetachedKeyOpensAnew(t *testing.T) {
 		t.Error("the detached session is still waiting to be closed after it was forgotten")
 	}
 }
+
+func TestCountOOMKills(t *testing.T) {
+	start := time.Now()
+	s := &Session{}
+	for _, step := range []struct {
+		name  string
+		n     int64
+		after time.Duration
+		want  bool
+	}{
+		{"no kill", 0, 0, false},
+		{"one kill", 1, 0, true},
+		{"no new kill", 1, time.Second, false},
+		{"three killed together: the first asks", 4, 2 * time.Second, true},
+		{"the second", 4, 2*time.Second + 10*time.Millisecond, true},
+		{"the third", 4, 2*time.Second + 20*time.Millisecond, true},
+		{"a fourth has none left", 4, 2*time.Second + 30*time.Millisecond, false},
+		{"two together, one of them in the background", 6, 3 * time.Second, true},
+		{"a command that exits 137 much later", 6, time.Minute, false},
+	} {
+		if got := s.countOOMKillsLocked(step.n, start.Add(step.after)); got != step.want {
+			t.Errorf("%s: counter %d: %v, want %v", step.name, step.n, got, step.want)
+		}
+	}
+}
+
+// TestDetachedSessionsCount: a session taken out while its container is
+// removed still counts against server.max_sessions.
+func TestDetachedSessionsCount(t *testing.T) {
+	m := readyManager(t)
+	m.cfg.Server.MaxSessions = 1
+	old := m.addReady("k", SessionSpec{ID: "k"})
+	m.Detach("k")
+	if n := m.Sessions(); n != 1 {
+		t.Errorf("Sessions = %d with one being closed, want 1", n)
+	}
+	if _, _, err := m.reserve("other", SessionSpec{ID: "other"}); !errors.Is(err, ErrLimit) {
+		t.Errorf("reserve past the limit with one being closed: %v, want ErrLimit", err)
+	}
+	m.forget(old)
+	if _, _, err := m.reserve("other", SessionSpec{ID: "other"}); err != nil {
+		t.Errorf("reserve once the old one is gone: %v", err)
+	}
+}

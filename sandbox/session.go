@@ -66,6 +66,11 @@ type Session struct {
 	closed    bool
 	lastUsed  time.Time
 	oomSeen   int64
+	// oomSpare counts the kills of the last rise beyond the one put down
+	// to the command that found it, for commands killed with it, which
+	// ask within oomWindow of oomSpareAt.
+	oomSpare   int64
+	oomSpareAt time.Time
 	// sweep lists released terminals whose leftovers are to be killed.
 	sweep      []string
 	sweepTimer *time.Timer
@@ -594,9 +599,10 @@ func (s *Session) Release(ctx context.Context, id string) error {
 // Close kills every terminal and removes the container.
 func (s *Session) Close(ctx context.Context) error {
 	s.closeOnce.Do(func() {
-		// Out of the manager first: an open under the key while the
-		// container is removed is a new session, not this closing one.
-		s.m.forget(s)
+		// Out of the manager's sessions first: an open under the key
+		// while the container is removed is a new session, not this
+		// closing one. Among the detached until the container is gone.
+		s.m.detach(s)
 		s.mu.Lock()
 		s.closed = true
 		if s.sweepTimer != nil {
@@ -620,6 +626,7 @@ func (s *Session) Close(ctx context.Context) error {
 		for _, t := range terms {
 			t.close()
 		}
+		s.m.forget(s)
 		s.m.log.Info("session closed", "session", s.ID)
 	})
 	return s.closeErr
@@ -642,10 +649,13 @@ func (s *Session) removeContainer() error {
 	return nil
 }
 
-// oomKillsRose reads the container's OOM-kill counter and reports whether it
-// counts a kill not yet put down to a command; each call puts down one, so
-// two commands killed together both learn it. It costs an exec, so it is
-// only asked when a command died of SIGKILL that sandboxd did not send.
+// oomKillsRose reads the container's OOM-kill counter and reports whether
+// it rose since the last read: the command that asks died of SIGKILL that
+// sandboxd did not send, and a rise says the OOM killer sent it. When
+// several died together (the counter rose by more than one), the others
+// learn it too if they ask soon after; a rise left over from a process
+// killed in the background is not put down to a command much later. It
+// costs an exec, so it is only asked when needed.
 func (s *Session) oomKillsRose(ctx context.Context) bool {
 	out, err := s.execOutput(ctx, []string{"cat", "/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events"})
 	if len(out) == 0 && err != nil {
@@ -655,11 +665,26 @@ func (s *Session) oomKillsRose(ctx context.Context) bool {
 	n := parseOOMKills(out)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if n <= s.oomSeen {
-		return false
+	return s.countOOMKillsLocked(n, time.Now())
+}
+
+// oomWindow is how long after a rise of the OOM-kill counter by several
+// the other commands killed with it may claim it.
+const oomWindow = 5 * time.Second
+
+// countOOMKillsLocked is oomKillsRose's account, given the counter's value
+// n read at now. s.mu must be held.
+func (s *Session) countOOMKillsLocked(n int64, now time.Time) bool {
+	if n > s.oomSeen {
+		s.oomSpare, s.oomSpareAt = n-s.oomSeen-1, now
+		s.oomSeen = n
+		return true
 	}
-	s.oomSeen++
-	return true
+	if s.oomSpare > 0 && now.Sub(s.oomSpareAt) < oomWindow {
+		s.oomSpare--
+		return true
+	}
+	return false
 }
 
 // killScript signals every process whose environment carries one of the
@@ -765,8 +790,11 @@ func (s *Session) lendPids(ctx context.Context, n int64) (restore func(), err er
 		if s.lenders--; s.lenders > 0 {
 			return
 		}
-		// Given back even when the kill's caller gave up.
-		if _, err := cli.ContainerUpdate(context.WithoutCancel(ctx), s.contID, client.ContainerUpdateOptions{Resources: &base}); err != nil {
+		// Given back even when the kill's caller gave up, but not waited
+		// for for ever: the next kill waits for this lock.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if _, err := cli.ContainerUpdate(ctx, s.contID, client.ContainerUpdateOptions{Resources: &base}); err != nil {
 			s.m.log.Warn("restore pids limit", "session", s.ID, "err", err)
 		}
 	}, nil
