@@ -1,8 +1,10 @@
 package integration
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -346,4 +348,81 @@ func TestExitRemovesContainersLeftBehind(t *testing.T) {
 	})
 	srv.stop(t)
 	assertNoContainers(t, pid)
+}
+
+// TestRunDiesOfCtrlC: Ctrl-C kills the command and removes its container,
+// and then sandboxd dies of the SIGINT itself, so that a shell running it
+// in a loop or a script stops too (a child that merely exits 130 or 143
+// lets the loop go on).
+func TestRunDiesOfCtrlC(t *testing.T) {
+	ws := workspace(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, testEnv.bin, "run", "--config", testEnv.config, "--", "sh", "-c", "echo started; sleep 308")
+	cmd.Dir = ws
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line := make([]byte, len("started\n"))
+	if _, err := io.ReadFull(out, line); err != nil || string(line) != "started\n" {
+		t.Fatalf("first line %q: %v; stderr %q", line, err, stderr.String())
+	}
+	cmd.Process.Signal(syscall.SIGINT)
+	cmd.Wait()
+	if ctx.Err() != nil {
+		t.Fatalf("sandboxd did not end on SIGINT; stderr %q", stderr.String())
+	}
+	if st, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !st.Signaled() || st.Signal() != syscall.SIGINT {
+		t.Errorf("sandboxd ended with %v, want death by SIGINT; stderr %q", cmd.ProcessState, stderr.String())
+	}
+	assertNoContainers(t, cmd.Process.Pid)
+}
+
+// TestIgnoredSIGHUPStaysIgnored: `nohup sandboxd serve ... &` must go on
+// serving when the terminal it was started from closes.
+func TestIgnoredSIGHUPStaysIgnored(t *testing.T) {
+	ws := workspace(t)
+	cmd := exec.Command("/bin/sh", "-c", `trap "" HUP; exec "$0" "$@"`, testEnv.bin, "serve", "--config", testEnv.config)
+	cmd.Dir = ws
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr lockedBuffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	lines := bufio.NewReader(stdout)
+	ask := func(id int) string {
+		fmt.Fprintf(stdin, `{"jsonrpc":"2.0","id":%d,"method":"terminal/output","params":{"sessionId":"x","terminalId":"y"}}`+"\n", id)
+		line, err := lines.ReadString('\n')
+		if err != nil {
+			t.Fatalf("no answer to request %d: %v; stderr %q", id, err, stderr.String())
+		}
+		return line
+	}
+	// Serving: the handler is in place before the first answer.
+	if got := ask(1); !strings.Contains(got, `"code":-32002`) {
+		t.Fatalf("answer %q", got)
+	}
+	cmd.Process.Signal(syscall.SIGHUP)
+	if got := ask(2); !strings.Contains(got, `"id":2`) {
+		t.Errorf("after SIGHUP: %q, want sandboxd still serving", got)
+	}
+	stdin.Close()
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("exit after stdin closed: %v; stderr %q", err, stderr.String())
+	}
 }

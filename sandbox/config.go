@@ -240,6 +240,10 @@ func LoadConfig(defaults, file string, hostCPUs int) (Config, error) {
 	if err := decodeConfig(&cfg, file, string(text)); err != nil {
 		return Config{}, err
 	}
+	if filepath.IsAbs(cfg.Session.Workspace) {
+		// "/srv/proj/" must hold "/srv/proj" itself.
+		cfg.Session.Workspace = filepath.Clean(cfg.Session.Workspace)
+	}
 	return cfg, cfg.validate(file, string(text), hostCPUs)
 }
 

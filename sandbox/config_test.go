@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -350,5 +351,32 @@ func TestValidateSpecLeavesTheCallersDirsAlone(t *testing.T) {
 	}
 	if spec.ExtraDirs[0] != "/w/other" || dirs[0] != "/w/extra/../other/" {
 		t.Errorf("ExtraDirs = %q, the caller's = %q; want it cleaned in a copy only", spec.ExtraDirs, dirs)
+	}
+}
+
+// TestScratchGivesWayToTheWorkspace: a workspace at or above a scratch
+// path (`cd /tmp && sandboxd run ...`) is shown there, not hidden by a
+// tmpfs; other scratch paths stay.
+func TestScratchGivesWayToTheWorkspace(t *testing.T) {
+	cfg, err := LoadConfig(sandboxd.DefaultConfig, "", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		workspace string
+		without   []string
+	}{
+		{"/work/proj", nil},
+		{"/tmp", []string{"/tmp"}},
+		{"/var", []string{"/var/tmp"}},
+		{"/tmp/proj", nil},
+	} {
+		_, host := containerConfig(cfg.Session, SessionSpec{Workspace: tc.workspace}, []bind{{tc.workspace, tc.workspace}}, "1000:1000", nil)
+		for _, p := range cfg.Session.Scratch {
+			_, has := host.Tmpfs[p]
+			if want := !slices.Contains(tc.without, p); has != want {
+				t.Errorf("workspace %s: tmpfs at %s = %v, want %v", tc.workspace, p, has, want)
+			}
+		}
 	}
 }

@@ -486,7 +486,16 @@ func containerConfig(c SessionConfig, spec SessionSpec, binds []bind, user strin
 		Hostname:   "sandbox",
 	}
 	tmpfs := make(map[string]string, len(c.Scratch))
+scratch:
 	for _, p := range c.Scratch {
+		// A workspace at or above a scratch path (`cd /tmp && sandboxd
+		// run ...`) is that place already, writable: a tmpfs there would
+		// hide it.
+		for _, b := range binds {
+			if Within(b.target, p) {
+				continue scratch
+			}
+		}
 		// exec: toolchains run what they build in /tmp; the workspace is
 		// executable anyway, so noexec would protect nothing.
 		tmpfs[p] = fmt.Sprintf("rw,exec,nosuid,nodev,size=%d,mode=1777", int64(c.ScratchSize))

@@ -51,12 +51,20 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 0
 	}
 	// SIGHUP too: closing the terminal sandboxd runs in must not leave
-	// its containers behind.
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	defer stop()
+	// its containers behind. A signal ignored at start (nohup, a
+	// background job of a script) stays ignored.
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	sigs := make(chan os.Signal, 1)
+	for _, sig := range []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP} {
+		if !signal.Ignored(sig) {
+			signal.Notify(sigs, sig)
+		}
+	}
+	defer signal.Stop(sigs)
 	finished := make(chan struct{})
 	defer close(finished)
-	go escalate(ctx, finished)
+	go watchSignals(sigs, cancel, finished)
 	// A write to a peer or pipe that went away must fail, not kill
 	// sandboxd before it removed its containers. Notify rather than
 	// Ignore: an ignored SIGPIPE would be inherited by what it starts.
@@ -87,25 +95,42 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 2
 	}
 	if err != nil {
-		var usageErr usageError
-		if errors.As(err, &usageErr) {
-			fmt.Fprintf(stderr, "sandboxd %s: %v\n", args[0], err)
-			return 2
-		}
 		fmt.Fprintf(stderr, "sandboxd %s: %v\n", args[0], err)
-		return 1
+		code = 1
+		if errors.As(err, new(usageError)) {
+			code = 2
+		}
+	}
+	if c, ok := context.Cause(ctx).(signalCause); ok && c.sig == syscall.SIGINT {
+		// Cleaned up: now die of the SIGINT, so that a shell running
+		// sandboxd in a loop or a script stops too (it goes on after a
+		// child that merely exited).
+		signal.Stop(sigs)
+		signal.Reset(syscall.SIGINT)
+		// To this very thread: delivered before the call returns, not
+		// to another while this one exits with a code.
+		runtime.LockOSThread()
+		syscall.Tgkill(syscall.Getpid(), syscall.Gettid(), syscall.SIGINT)
+		return 128 + int(syscall.SIGINT)
 	}
 	return code
 }
 
-// escalate lets a second SIGINT or SIGTERM end sandboxd the usual way
-// once the orderly shutdown the first began has had a while, for one that
-// hangs on the engine. Signals that come with the first are the same
-// request (a closed terminal sends SIGHUP twice, Ctrl-C reaches npm and
-// the sandboxd it runs), and SIGHUP never escalates.
-func escalate(ctx context.Context, finished <-chan struct{}) {
+// signalCause is a signal that asked sandboxd to shut down.
+type signalCause struct{ sig os.Signal }
+
+func (c signalCause) Error() string { return "signal: " + c.sig.String() }
+
+// watchSignals turns the first signal into an orderly shutdown, with the
+// signal as the cause, and lets a second SIGINT or SIGTERM end sandboxd
+// the usual way once that shutdown has had a while, for one that hangs on
+// the engine. Signals that come with the first are the same request (a
+// closed terminal sends SIGHUP twice, Ctrl-C reaches npm and the sandboxd
+// it runs), and SIGHUP never escalates.
+func watchSignals(sigs <-chan os.Signal, cancel context.CancelCauseFunc, finished <-chan struct{}) {
 	select {
-	case <-ctx.Done():
+	case sig := <-sigs:
+		cancel(signalCause{sig})
 	case <-finished:
 		return
 	}
@@ -184,10 +209,18 @@ func engineClient() (*client.Client, error) {
 
 // setup loads the configuration, connects to the engine, makes sure the
 // image exists and starts a manager.
-func (c *common) setup(ctx context.Context, stderr io.Writer, log *slog.Logger, image string) (*sandbox.Manager, error) {
+// setup loads the configuration, hands it to check (nil: none), which
+// refuses flags it does not allow before anything reaches the engine, and
+// starts the manager with the image in place.
+func (c *common) setup(ctx context.Context, stderr io.Writer, log *slog.Logger, image string, check func(sandbox.Config) error) (*sandbox.Manager, error) {
 	cfg, err := sandbox.LoadConfig(sandboxd.DefaultConfig, c.config, runtime.NumCPU())
 	if err != nil {
 		return nil, err
+	}
+	if check != nil {
+		if err := check(cfg); err != nil {
+			return nil, err
+		}
 	}
 	cli, err := engineClient()
 	if err != nil {
@@ -243,7 +276,7 @@ func cmdServe(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 		return err
 	}
 	defer closeLog()
-	m, err := c.setup(ctx, stderr, log, "")
+	m, err := c.setup(ctx, stderr, log, "", nil)
 	if err != nil {
 		return err
 	}
@@ -328,7 +361,12 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) (int, 
 		return 0, err
 	}
 	defer closeLog()
-	m, err := c.setup(ctx, stderr, log, spec.Image)
+	m, err := c.setup(ctx, stderr, log, spec.Image, func(cfg sandbox.Config) error {
+		if _, err := sandbox.ValidateSpec(cfg, runtime.NumCPU(), spec); err != nil {
+			return usageError{err}
+		}
+		return nil
+	})
 	if err != nil {
 		return 0, err
 	}

@@ -30,7 +30,14 @@ func TestCommandLineErrors(t *testing.T) {
 		{[]string{"nope"}, 2, "unknown command \"nope\""},
 		{[]string{"config", "-h"}, 0, "Usage: sandboxd config"},
 		{[]string{"config", "extra"}, 2, "unexpected argument \"extra\""},
+		// Allowed in form, not by the configuration: still refused before
+		// the engine is asked (it is not reachable here).
+		{[]string{"run", "--memory", "64GiB", "--", "true"}, 2, "memory 64GiB is above the maximum of"},
+		{[]string{"run", "--network", "host", "--", "true"}, 2, "network: \"host\" is not allowed"},
+		{[]string{"wrap", "--cpus", "64", "--", "true"}, 2, "cpus"},
+		{[]string{"wrap", "--agent-grace", "-1s", "--", "true"}, 2, "--agent-grace: -1s is negative"},
 	}
+	t.Setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
 	for _, tc := range tests {
 		t.Run(strings.Join(tc.args, " ")[:min(40, len(strings.Join(tc.args, " ")))], func(t *testing.T) {
 			var stdout, stderr bytes.Buffer

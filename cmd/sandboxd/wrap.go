@@ -28,6 +28,9 @@ func cmdWrap(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	if err := parseFlags(fs, args); err != nil {
 		return 0, err
 	}
+	if *grace < 0 {
+		return 0, usageError{fmt.Errorf("--agent-grace: %v is negative", *grace)}
+	}
 	if fs.NArg() == 0 {
 		return 0, usageError{errors.New("no agent given: sandboxd wrap [flags] -- AGENT [ARGS...]")}
 	}
@@ -55,20 +58,23 @@ func cmdWrap(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		return 0, err
 	}
 	defer closeLog()
-	m, err := c.setup(ctx, stderr, log, defaults.Image)
+	var workspace string
+	m, err := c.setup(ctx, stderr, log, defaults.Image, func(cfg sandbox.Config) error {
+		var err error
+		if workspace, err = defaultWorkspace(cfg); err != nil {
+			return err
+		}
+		check := defaults
+		check.Workspace = workspace
+		if _, err := sandbox.ValidateSpec(cfg, runtime.NumCPU(), check); err != nil {
+			return usageError{err}
+		}
+		return nil
+	})
 	if err != nil {
 		return 0, err
 	}
 	defer closeManager(m, log)
-	workspace, err := defaultWorkspace(m.Config())
-	if err != nil {
-		return 0, err
-	}
-	check := defaults
-	check.Workspace = workspace
-	if _, err := sandbox.ValidateSpec(m.Config(), m.HostCPUs(), check); err != nil {
-		return 0, usageError{err}
-	}
 	agent := acp.Agent{Argv: argv, Stderr: stderr, Grace: *grace}
 	if wd, err := os.Getwd(); err == nil {
 		agent.Dir = wd
