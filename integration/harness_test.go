@@ -139,9 +139,20 @@ func (l *lockedBuffer) String() string {
 // left no container behind.
 func startServe(t testing.TB, dir string, args ...string) *server {
 	t.Helper()
-	all := append([]string{"serve", "--config", testEnv.config, "--log-level", "debug"}, args...)
-	cmd := exec.Command(testEnv.bin, all...)
+	cmd := exec.Command(testEnv.bin, serveArgs(args...)...)
 	cmd.Dir = dir
+	return startServeCmd(t, cmd)
+}
+
+// serveArgs are the arguments of `sandboxd serve` under test, then args.
+func serveArgs(args ...string) []string {
+	return append([]string{"serve", "--config", testEnv.config, "--log-level", "debug"}, args...)
+}
+
+// startServeCmd starts cmd, a `sandboxd serve` on stdio however it is
+// started, and stops it at the end of the test.
+func startServeCmd(t testing.TB, cmd *exec.Cmd) *server {
+	t.Helper()
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)

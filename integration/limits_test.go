@@ -1,10 +1,8 @@
 package integration
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net"
 	"os"
@@ -387,42 +385,20 @@ func TestRunDiesOfCtrlC(t *testing.T) {
 // TestIgnoredSIGHUPStaysIgnored: `nohup sandboxd serve ... &` must go on
 // serving when the terminal it was started from closes.
 func TestIgnoredSIGHUPStaysIgnored(t *testing.T) {
-	ws := workspace(t)
-	cmd := exec.Command("/bin/sh", "-c", `trap "" HUP; exec "$0" "$@"`, testEnv.bin, "serve", "--config", testEnv.config)
-	cmd.Dir = ws
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr lockedBuffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-	lines := bufio.NewReader(stdout)
-	ask := func(id int) string {
-		fmt.Fprintf(stdin, `{"jsonrpc":"2.0","id":%d,"method":"terminal/output","params":{"sessionId":"x","terminalId":"y"}}`+"\n", id)
-		line, err := lines.ReadString('\n')
-		if err != nil {
-			t.Fatalf("no answer to request %d: %v; stderr %q", id, err, stderr.String())
-		}
-		return line
-	}
+	cmd := exec.Command("/bin/sh", append([]string{"-c", `trap "" HUP; exec "$0" "$@"`, testEnv.bin}, serveArgs()...)...)
+	cmd.Dir = workspace(t)
+	srv := startServeCmd(t, cmd)
+	c := srv.raw()
 	// Serving: the handler is in place before the first answer.
-	if got := ask(1); !strings.Contains(got, `"code":-32002`) {
-		t.Fatalf("answer %q", got)
+	if rep := c.call(t, 1, "terminal/output", map[string]any{"sessionId": "x", "terminalId": "y"}); rep.Error == nil || rep.Error.Code != -32002 {
+		t.Fatalf("answer %+v", rep)
 	}
 	cmd.Process.Signal(syscall.SIGHUP)
-	if got := ask(2); !strings.Contains(got, `"id":2`) {
-		t.Errorf("after SIGHUP: %q, want sandboxd still serving", got)
+	if rep := c.call(t, 2, "terminal/output", map[string]any{"sessionId": "x", "terminalId": "y"}); rep.Error == nil || rep.Error.Code != -32002 {
+		t.Errorf("after SIGHUP: %+v, want sandboxd still serving", rep)
 	}
-	stdin.Close()
-	if err := cmd.Wait(); err != nil {
-		t.Errorf("exit after stdin closed: %v; stderr %q", err, stderr.String())
+	srv.stop(t)
+	if srv.err != nil {
+		t.Errorf("exit after stdin closed: %v", srv.err)
 	}
 }
