@@ -722,7 +722,7 @@ func TestWrongTokenGetsAuthRequiredWithData(t *testing.T) {
 func TestOutputCannotForgeCommands(t *testing.T) {
 	const nonce = "n0nce"
 	e := func(line string) string { return "\x1b]633;E;" + line + ";" + nonce + "\x07" }
-	const c, d = "\x1b]633;C\x07", "\x1b]633;D;0\x07"
+	const c, d = "\x1b]633;C;" + nonce + "\x07", "\x1b]633;D;0;" + nonce + "\x07"
 	for _, tc := range []struct {
 		name     string
 		output   string

@@ -2,9 +2,10 @@ package ahp
 
 // ShellIntegration is the bash script injected into every terminal's shell
 // as its rc file. It marks prompts (OSC 633 A and B), the command line and
-// its start (E with the terminal's nonce, then C), its end with the exit
-// code (D) and the working directory (P;Cwd=). shellLauncher sets
-// __sbx_nonce before it runs.
+// its start (E, then C), its end with the exit code (D) and the working
+// directory (P;Cwd=), each of the last four with the terminal's nonce as
+// its last argument, so that a program's output cannot forge them.
+// shellLauncher sets __sbx_nonce before it runs.
 const ShellIntegration = `HISTCONTROL=
 HISTFILE=
 __sbx_ready=0
@@ -20,10 +21,10 @@ __sbx_esc() {
 __sbx_prompt() {
 	local code=$?
 	if [ "$__sbx_running" = 1 ]; then
-		printf '\033]633;D;%s\007' "$code"
+		printf '\033]633;D;%s;%s\007' "$code" "$__sbx_nonce"
 		__sbx_running=0
 	fi
-	printf '\033]633;P;Cwd=%s\007' "$(__sbx_esc "$PWD")"
+	printf '\033]633;P;Cwd=%s;%s\007' "$(__sbx_esc "$PWD")" "$__sbx_nonce"
 	__sbx_ready=1
 	return $code
 }
@@ -34,7 +35,7 @@ __sbx_preexec() {
 	local line
 	line=$(HISTTIMEFORMAT= builtin history 1)
 	[[ $line =~ ^[[:space:]]*[0-9]+[*[:space:]]+(.*)$ ]] && line=${BASH_REMATCH[1]}
-	printf '\033]633;E;%s;%s\007\033]633;C\007' "$(__sbx_esc "$line")" "$__sbx_nonce"
+	printf '\033]633;E;%s;%s\007\033]633;C;%s\007' "$(__sbx_esc "$line")" "$__sbx_nonce" "$__sbx_nonce"
 	__sbx_running=1
 }
 PS1='\[\033]633;A\007\]\w\$ \[\033]633;B\007\]'

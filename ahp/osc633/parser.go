@@ -46,7 +46,9 @@ type Parser struct {
 	skipping bool
 }
 
-// NewParser returns a parser that trusts E sequences carrying nonce.
+// NewParser returns a parser that trusts the C, D, E and P sequences that
+// end with ";" and nonce, which only the shell integration knows: those a
+// program's output forges are stripped and reported as nothing.
 func NewParser(nonce string) *Parser {
 	return &Parser{nonce: nonce, max: DefaultMaxSequence}
 }
@@ -210,8 +212,21 @@ func (p *Parser) event(body []byte) (Event, bool) {
 		args = rest[2:]
 	}
 	switch kind {
-	case 'A', 'B', 'C':
+	case 'A', 'B':
 		return Event{Kind: kind}, true
+	}
+	// The rest change what clients are told about commands: only with
+	// the nonce, as the last argument (values escape ';').
+	args, ok = p.signed(args)
+	if !ok {
+		return Event{}, false
+	}
+	switch kind {
+	case 'C':
+		if args != "" {
+			return Event{}, false
+		}
+		return Event{Kind: 'C'}, true
 	case 'D':
 		ev := Event{Kind: 'D'}
 		if args != "" {
@@ -223,11 +238,7 @@ func (p *Parser) event(body []byte) (Event, bool) {
 		}
 		return ev, true
 	case 'E':
-		line, nonce, _ := strings.Cut(args, ";")
-		if p.nonce == "" || nonce != p.nonce {
-			return Event{}, false
-		}
-		return Event{Kind: 'E', CommandLine: unescape(line)}, true
+		return Event{Kind: 'E', CommandLine: unescape(args)}, true
 	case 'P':
 		k, v, ok := strings.Cut(args, "=")
 		if !ok || k == "" {
@@ -236,6 +247,19 @@ func (p *Parser) event(body []byte) (Event, bool) {
 		return Event{Kind: 'P', Key: k, Value: unescape(v)}, true
 	}
 	return Event{}, false
+}
+
+// signed returns args without their last argument when that is the
+// parser's nonce, and whether it was.
+func (p *Parser) signed(args string) (string, bool) {
+	if p.nonce == "" {
+		return "", false
+	}
+	if args == p.nonce {
+		return "", true
+	}
+	rest, ok := strings.CutSuffix(args, ";"+p.nonce)
+	return rest, ok
 }
 
 // unescape undoes the shell integration's escaping: \\ for a backslash and
