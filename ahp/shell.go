@@ -44,16 +44,27 @@ trap '__sbx_preexec' DEBUG
 `
 
 // shellLauncher starts bash with ShellIntegration as its rc file when the
-// image has bash, and a plain sh otherwise (no command detection then). The
-// script and the nonce arrive in the environment; the interactive shell is
-// started without them, so no program in the terminal finds the nonce in
-// /proc/*/environ and forges command lines with it. Only the process that
-// writes the rc file, gone before the first prompt, still has them.
+// image has bash, and a plain sh otherwise (no command detection then).
+// The script comes in the environment; the nonce never does, nor in any
+// argument, where another process of the user could read it in /proc: the
+// launcher turns the terminal's echo off, says so with OSC 633 R;nonce,
+// and reads the nonce that sandboxd then types, before any input of a
+// client. The rc file holding it comes through a pipe. R;none says no
+// nonce is wanted (no bash, or no stty to keep it off the screen).
 const shellLauncher = `if command -v bash >/dev/null 2>&1; then
 	exec bash -c '
-		rc=$SANDBOXD_SHELL_INTEGRATION nonce=$SANDBOXD_NONCE
-		unset SANDBOXD_SHELL_INTEGRATION SANDBOXD_NONCE
+		rc=$SANDBOXD_SHELL_INTEGRATION
+		unset SANDBOXD_SHELL_INTEGRATION
+		nonce=
+		if stty -echo 2>/dev/null; then
+			printf "\033]633;R;nonce\007"
+			IFS= read -r nonce
+			stty echo
+		else
+			printf "\033]633;R;none\007"
+		fi
 		exec bash --noprofile --rcfile <(printf "__sbx_nonce=%s\n%s" "$nonce" "$rc") -i'
 fi
-unset SANDBOXD_SHELL_INTEGRATION SANDBOXD_NONCE
+unset SANDBOXD_SHELL_INTEGRATION
+printf '\033]633;R;none\007'
 exec sh -i`

@@ -41,9 +41,16 @@ type terminal struct {
 	// client that typed. inputBytes is what it holds (guarded by s.mu).
 	input      chan []byte
 	inputBytes int
+	// nonce is typed for the launcher when it asks (OSC 633 R); until it
+	// has asked or said it will not, input waits in input, and opened
+	// (guarded by s.mu) is false. gate is closed when it turns true.
+	nonce  string
+	opened bool
+	gate   chan struct{}
 
 	// Used by the exec's output goroutine only, then by wait.
 	parser    *osc633.Parser
+	launched  bool // the launcher's R came
 	detecting bool
 	line      string
 	// armed says a command line came with the nonce (E) and its start
@@ -103,7 +110,7 @@ func (s *Server) createTerminal(ctx context.Context, params json.RawMessage) (an
 		return nil, &rpcError{Code: codeAlreadyExists, Message: fmt.Sprintf("terminal %s already exists", p.Channel)}
 	}
 	// Reserve the URI while the exec starts.
-	t := &terminal{uri: p.Channel, s: s, since: s.seq, ready: make(chan struct{}), input: make(chan []byte, maxInputActions)}
+	t := &terminal{uri: p.Channel, s: s, since: s.seq, ready: make(chan struct{}), input: make(chan []byte, maxInputActions), gate: make(chan struct{})}
 	s.terms[p.Channel] = t
 	s.mu.Unlock()
 	fail := func(e *rpcError) (any, *rpcError) {
@@ -119,7 +126,8 @@ func (s *Server) createTerminal(ctx context.Context, params json.RawMessage) (an
 	}
 	nonce := make([]byte, 16)
 	rand.Read(nonce)
-	t.parser = osc633.NewParser(hex.EncodeToString(nonce))
+	t.nonce = hex.EncodeToString(nonce)
+	t.parser = osc633.NewParser(t.nonce)
 	cols, rows := max(p.Cols, 1), max(p.Rows, 1)
 	if p.Cols == 0 || p.Rows == 0 {
 		cols, rows = 80, 24
@@ -132,7 +140,6 @@ func (s *Server) createTerminal(ctx context.Context, params json.RawMessage) (an
 		Command: "/bin/sh", Args: []string{"-c", shellLauncher},
 		Env: []sandbox.EnvVar{
 			{Name: "SANDBOXD_SHELL_INTEGRATION", Value: ShellIntegration},
-			{Name: "SANDBOXD_NONCE", Value: hex.EncodeToString(nonce)},
 			{Name: "TERM", Value: "xterm-256color"},
 		},
 		Cwd: dir, TTY: true, Cols: cols, Rows: rows, OutputLimit: &limit,
@@ -170,8 +177,16 @@ func (s *Server) createTerminal(ctx context.Context, params json.RawMessage) (an
 	return nil, nil
 }
 
-// writeInput writes queued input to the PTY until the terminal ends.
+// writeInput writes queued input to the PTY until the terminal ends,
+// once the launcher has had the nonce.
 func (t *terminal) writeInput() {
+	select {
+	case <-t.gate:
+	case <-t.t.Done():
+		return
+	case <-t.s.ctx.Done():
+		return
+	}
 	for {
 		select {
 		case p := <-t.input:
@@ -323,7 +338,7 @@ func (s *Server) applyLocked(from *conn, channel string, a Action, origin *Origi
 			return fmt.Sprintf("terminal %q has exited", channel)
 		}
 		data := []byte(a.Data)
-		if t.inputBytes == 0 {
+		if t.inputBytes == 0 && t.opened {
 			// Nothing waits: straight to the PTY, without a hop to the
 			// input goroutine, unless the PTY does not take it at once.
 			n, err := t.t.TryInput(data)
@@ -457,6 +472,10 @@ func (t *terminal) process(data []byte, final bool) {
 
 func (t *terminal) event(ev osc633.Event) {
 	s := t.s
+	if ev.Kind == 'R' {
+		t.launch(ev.Value == "nonce")
+		return
+	}
 	if ev.Kind != 'T' && !t.detecting {
 		t.detecting = true
 		s.emit(t.uri, Action{Type: "terminal/commandDetectionAvailable"}, nil)
@@ -503,4 +522,23 @@ func (t *terminal) event(ev osc633.Event) {
 			t.emitListed(Action{Type: "terminal/titleChanged", Title: ev.Title})
 		}
 	}
+}
+
+// launch answers the launcher, the first thing to run in the terminal:
+// with the nonce when it asks (echo is off then), and lets input flow. Only
+// its first R counts; a program that prints one later gets nothing.
+func (t *terminal) launch(wantsNonce bool) {
+	if t.launched {
+		return
+	}
+	t.launched = true
+	if wantsNonce {
+		if err := t.t.Input([]byte(t.nonce + "\n")); err != nil {
+			t.s.log.Debug("ahp terminal: nonce not typed", "terminal", t.uri, "err", err)
+		}
+	}
+	t.s.mu.Lock()
+	t.opened = true
+	t.s.mu.Unlock()
+	close(t.gate)
 }

@@ -632,3 +632,27 @@ func TestAHPInputToATerminalThatDoesNotRead(t *testing.T) {
 		t.Errorf("processes left after dispose:\n%s", out)
 	}
 }
+
+// TestAHPNonceIsTypedNotInherited: the shell gets its nonce through the
+// terminal, typed by sandboxd with echo off before any client's input, not
+// through an environment or arguments another process could read in
+// /proc. Input typed before the shell is ready runs after it, detected as
+// any command, and the nonce never shows in the data.
+func TestAHPNonceIsTypedNotInherited(t *testing.T) {
+	ws := workspace(t)
+	a := startAHP(t, ws)
+	const term = "ahp-terminal:/typeahead"
+	c := subscribedTerminal(t, a, "client-n", term, ws)
+	c.input(term, "echo ea''rly\r", 1)
+	eventually(t, "early", 60*time.Second, func() bool { return strings.Contains(c.data(term), "early\r\n") })
+	eventually(t, "early detected", 10*time.Second, func() bool { return c.executed(term, "echo ea''rly") })
+	c.input(term, "cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline | tr '\\0' '\\n' | grep -cE '[0-9a-f]{32}'; echo sc''anned\r", 2)
+	eventually(t, "scanned", 60*time.Second, func() bool { return strings.Contains(c.data(term), "scanned\r\n") })
+	d := c.data(term)
+	if !strings.Contains(d, "\r\n0\r\nscanned\r\n") {
+		t.Errorf("a process in the terminal holds a nonce-like value in its environment or arguments: %q", d[strings.LastIndex(d, "cat /proc"):])
+	}
+	if m := regexp.MustCompile(`[0-9a-f]{32}`).FindString(d); m != "" {
+		t.Errorf("the data shows %q, a nonce", m)
+	}
+}

@@ -18,7 +18,9 @@ const DefaultMaxSequence = 64 << 10
 type Event struct {
 	// Kind is the OSC 633 command: 'A' prompt start, 'B' prompt end, 'C'
 	// command output start, 'D' command finished, 'E' command line, 'P'
-	// property; or 'T' for a window title (OSC 0 or 2).
+	// property; 'R' sandboxd's own launcher saying whether it waits for
+	// the nonce (Value "nonce") or not ("none"); or 'T' for a window
+	// title (OSC 0 or 2).
 	Kind byte
 	// ExitCode is D's exit code, nil when the shell gave none.
 	ExitCode *int
@@ -214,6 +216,11 @@ func (p *Parser) event(body []byte) (Event, bool) {
 	switch kind {
 	case 'A', 'B':
 		return Event{Kind: kind}, true
+	case 'R':
+		if args != "nonce" && args != "none" {
+			return Event{}, false
+		}
+		return Event{Kind: 'R', Value: args}, true
 	}
 	// The rest change what clients are told about commands: only with
 	// the nonce, as the last argument (values escape ';').
