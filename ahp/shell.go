@@ -46,13 +46,16 @@ trap '__sbx_preexec' DEBUG
 // shellLauncher starts bash with ShellIntegration as its rc file when the
 // image has bash, and a plain sh otherwise (no command detection then).
 // The script comes in the environment; the nonce never does, nor in any
-// argument, where another process of the user could read it in /proc: the
-// launcher turns the terminal's echo off, says so with OSC 633 R;nonce,
-// and reads the nonce that sandboxd then types, before any input of a
-// client. The rc file holding it comes through a pipe. R;none says no
-// nonce is wanted (no bash, or no stty to keep it off the screen).
+// argument, which any process of the user may read in /proc: the launcher
+// turns the terminal's echo off, says so with OSC 633 R;nonce, reads the
+// nonce that sandboxd then types, turns echo on and says R;ready; only
+// then does a client's input go in. (A process of the user that reads the
+// terminal itself can take the nonce, as it can any keystroke.) R;none
+// says no nonce is wanted: no bash, or no stty to keep it off the screen.
+// BASH_ENV is emptied so that no script of the image reads the input
+// first.
 const shellLauncher = `if command -v bash >/dev/null 2>&1; then
-	exec bash -c '
+	BASH_ENV= exec bash -c '
 		rc=$SANDBOXD_SHELL_INTEGRATION
 		unset SANDBOXD_SHELL_INTEGRATION
 		nonce=
@@ -60,6 +63,7 @@ const shellLauncher = `if command -v bash >/dev/null 2>&1; then
 			printf "\033]633;R;nonce\007"
 			IFS= read -r nonce
 			stty echo
+			printf "\033]633;R;ready\007"
 		else
 			printf "\033]633;R;none\007"
 		fi

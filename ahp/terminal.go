@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -41,16 +43,18 @@ type terminal struct {
 	// client that typed. inputBytes is what it holds (guarded by s.mu).
 	input      chan []byte
 	inputBytes int
-	// nonce is typed for the launcher when it asks (OSC 633 R); until it
-	// has asked or said it will not, input waits in input, and opened
-	// (guarded by s.mu) is false. gate is closed when it turns true.
-	nonce  string
-	opened bool
-	gate   chan struct{}
+	// nonce is typed for the launcher when it asks (OSC 633 R;nonce);
+	// until it has it (R;ready) or wants none (R;none), input waits in
+	// input, and opened (guarded by s.mu) is false. gate is closed when
+	// it turns true, once.
+	nonce    string
+	opened   bool
+	gate     chan struct{}
+	openOnce sync.Once
 
 	// Used by the exec's output goroutine only, then by wait.
 	parser    *osc633.Parser
-	launched  bool // the launcher's R came
+	asked     bool // the launcher asked for the nonce
 	detecting bool
 	line      string
 	// armed says a command line came with the nonce (E) and its start
@@ -174,6 +178,15 @@ func (s *Server) createTerminal(ctx context.Context, params json.RawMessage) (an
 		defer s.wg.Done()
 		t.writeInput()
 	}()
+	time.AfterFunc(launchTimeout, func() {
+		select {
+		case <-t.gate:
+		case <-t.t.Done():
+		default:
+			s.log.Warn("ahp terminal: the shell's launcher did not answer; input goes in unguarded", "terminal", t.uri)
+			t.open()
+		}
+	})
 	return nil, nil
 }
 
@@ -473,10 +486,12 @@ func (t *terminal) process(data []byte, final bool) {
 func (t *terminal) event(ev osc633.Event) {
 	s := t.s
 	if ev.Kind == 'R' {
-		t.launch(ev.Value == "nonce")
+		t.launch(ev.Value)
 		return
 	}
-	if ev.Kind != 'T' && !t.detecting {
+	// Announced on the first event only the shell integration can send:
+	// a shell without the nonce (no stty) still marks its prompts.
+	if strings.IndexByte("CDEP", ev.Kind) >= 0 && !t.detecting {
 		t.detecting = true
 		s.emit(t.uri, Action{Type: "terminal/commandDetectionAvailable"}, nil)
 	}
@@ -525,20 +540,34 @@ func (t *terminal) event(ev osc633.Event) {
 }
 
 // launch answers the launcher, the first thing to run in the terminal:
-// with the nonce when it asks (echo is off then), and lets input flow. Only
-// its first R counts; a program that prints one later gets nothing.
-func (t *terminal) launch(wantsNonce bool) {
-	if t.launched {
-		return
+// with the nonce when it asks (echo is off then), and lets input flow once
+// it has read it (or wants none). Only its first request counts; a
+// program that prints one later gets nothing.
+func (t *terminal) launch(say string) {
+	if t.t == nil {
+		return // the server closed while the exec started
 	}
-	t.launched = true
-	if wantsNonce {
+	switch {
+	case say == "nonce" && !t.asked:
+		t.asked = true
 		if err := t.t.Input([]byte(t.nonce + "\n")); err != nil {
 			t.s.log.Debug("ahp terminal: nonce not typed", "terminal", t.uri, "err", err)
 		}
+	case say == "ready" && t.asked, say == "none":
+		t.open()
 	}
-	t.s.mu.Lock()
-	t.opened = true
-	t.s.mu.Unlock()
-	close(t.gate)
+}
+
+// launchTimeout is how long input waits for a launcher that says nothing
+// (an image whose sh cannot print), before it goes in all the same.
+const launchTimeout = 10 * time.Second
+
+// open lets the input flow.
+func (t *terminal) open() {
+	t.openOnce.Do(func() {
+		t.s.mu.Lock()
+		t.opened = true
+		t.s.mu.Unlock()
+		close(t.gate)
+	})
 }

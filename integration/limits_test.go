@@ -3,11 +3,15 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -353,6 +357,9 @@ func TestExitRemovesContainersLeftBehind(t *testing.T) {
 // in a loop or a script stops too (a child that merely exits 130 or 143
 // lets the loop go on).
 func TestRunDiesOfCtrlC(t *testing.T) {
+	if signal.Ignored(syscall.SIGINT) {
+		t.Skip("SIGINT is ignored here, and so in the sandboxd started")
+	}
 	ws := workspace(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -389,9 +396,19 @@ func TestIgnoredSIGHUPStaysIgnored(t *testing.T) {
 	cmd.Dir = workspace(t)
 	srv := startServeCmd(t, cmd)
 	c := srv.raw()
-	// Serving: the handler is in place before the first answer.
+	// Serving: the handlers are in place before the first answer.
 	if rep := c.call(t, 1, "terminal/output", map[string]any{"sessionId": "x", "terminalId": "y"}); rep.Error == nil || rep.Error.Code != -32002 {
 		t.Fatalf("answer %+v", rep)
+	}
+	// Still ignored, as the kernel says: no handler took it over.
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := regexp.MustCompile(`(?m)^SigIgn:\s*([0-9a-f]+)$`).FindSubmatch(status); m == nil {
+		t.Fatalf("no SigIgn in %s", status)
+	} else if mask, _ := strconv.ParseUint(string(m[1]), 16, 64); mask&(1<<(syscall.SIGHUP-1)) == 0 {
+		t.Errorf("SIGHUP is no longer ignored (SigIgn %s)", m[1])
 	}
 	cmd.Process.Signal(syscall.SIGHUP)
 	if rep := c.call(t, 2, "terminal/output", map[string]any{"sessionId": "x", "terminalId": "y"}); rep.Error == nil || rep.Error.Code != -32002 {

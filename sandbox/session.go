@@ -489,8 +489,8 @@ func containerConfig(c SessionConfig, spec SessionSpec, binds []bind, user strin
 scratch:
 	for _, p := range c.Scratch {
 		// A workspace at or above a scratch path (`cd /tmp && sandboxd
-		// run ...`) is that place already, writable: a tmpfs there would
-		// hide it.
+		// run ...`) is that place already (writable unless the workspace
+		// is mounted read-only): a tmpfs there would hide it.
 		for _, b := range binds {
 			if Within(b.target, p) {
 				continue scratch

@@ -18,9 +18,9 @@ const DefaultMaxSequence = 64 << 10
 type Event struct {
 	// Kind is the OSC 633 command: 'A' prompt start, 'B' prompt end, 'C'
 	// command output start, 'D' command finished, 'E' command line, 'P'
-	// property; 'R' sandboxd's own launcher saying whether it waits for
-	// the nonce (Value "nonce") or not ("none"); or 'T' for a window
-	// title (OSC 0 or 2).
+	// property; 'R' sandboxd's own launcher saying it waits for the nonce
+	// (Value "nonce"), has it ("ready") or wants none ("none"); or 'T'
+	// for a window title (OSC 0 or 2).
 	Kind byte
 	// ExitCode is D's exit code, nil when the shell gave none.
 	ExitCode *int
@@ -217,7 +217,7 @@ func (p *Parser) event(body []byte) (Event, bool) {
 	case 'A', 'B':
 		return Event{Kind: kind}, true
 	case 'R':
-		if args != "nonce" && args != "none" {
+		if args != "nonce" && args != "ready" && args != "none" {
 			return Event{}, false
 		}
 		return Event{Kind: 'R', Value: args}, true

@@ -105,12 +105,16 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		// Cleaned up: now die of the SIGINT, so that a shell running
 		// sandboxd in a loop or a script stops too (it goes on after a
 		// child that merely exited).
-		signal.Stop(sigs)
-		signal.Reset(syscall.SIGINT)
-		// To this very thread: delivered before the call returns, not
-		// to another while this one exits with a code.
-		runtime.LockOSThread()
-		syscall.Tgkill(syscall.Getpid(), syscall.Gettid(), syscall.SIGINT)
+		// (As the init of a container it cannot: the kernel drops a
+		// signal an init sends itself, and it exits with the code.)
+		if pid := syscall.Getpid(); pid != 1 {
+			signal.Stop(sigs)
+			signal.Reset(syscall.SIGINT)
+			// To this very thread: delivered before the call returns,
+			// not to another while this one exits with a code.
+			runtime.LockOSThread()
+			syscall.Tgkill(pid, syscall.Gettid(), syscall.SIGINT)
+		}
 		return 128 + int(syscall.SIGINT)
 	}
 	return code
@@ -207,8 +211,6 @@ func engineClient() (*client.Client, error) {
 	return cli, nil
 }
 
-// setup loads the configuration, connects to the engine, makes sure the
-// image exists and starts a manager.
 // setup loads the configuration, hands it to check (nil: none), which
 // refuses flags it does not allow before anything reaches the engine, and
 // starts the manager with the image in place.
