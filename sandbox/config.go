@@ -292,7 +292,13 @@ func (c Config) validate(file, text string, hostCPUs int) error {
 		return bad("session.max."+limitField(err), "%v", err)
 	}
 	if err := s.Limits().Within(s.MaxLimits()); err != nil {
-		return bad("session."+limitField(err), "%v", err)
+		// Blamed on what the file set: the default, or else the maximum
+		// it lowered below the embedded default.
+		key := "session." + limitField(err)
+		if keyLine(text, key) == 0 && keyLine(text, "session.max."+limitField(err)) > 0 {
+			key = "session.max." + limitField(err)
+		}
+		return bad(key, "%v", err)
 	}
 	if s.Network == "" || s.Network == "host" || strings.HasPrefix(s.Network, "container:") {
 		return bad("session.network", "%q is not allowed: use \"none\" or a Docker network name", s.Network)
@@ -368,7 +374,8 @@ func keyLine(text, key string) int {
 	for i, line := range strings.Split(text, "\n") {
 		l := strings.TrimSpace(line)
 		if strings.HasPrefix(l, "[") {
-			current = strings.Trim(l, "[] ")
+			header, _, _ := strings.Cut(l, "#")
+			current = strings.Trim(strings.TrimSpace(header), "[] ")
 			continue
 		}
 		name, _, ok := strings.Cut(l, "=")

@@ -74,6 +74,8 @@ func TestConfigOverridesAndErrors(t *testing.T) {
 		{name: "cpus above host", text: "[session]\ncpus = 3\n", hostCPU: 2, wantErr: ":2: session.cpus"},
 		{name: "pids below 8", text: "\n[session]\npids = 7\n", hostCPU: 2, wantErr: ":3: session.pids"},
 		{name: "default above max", text: "[session]\npids = 2000\n", hostCPU: 2, wantErr: ":2: session.pids"},
+		{name: "max below the default", text: "[session.max]\nmemory = \"512MiB\"\n", hostCPU: 2, wantErr: ":2: session.max.memory"},
+		{name: "header with a comment", text: "[session] # mine\nnetwork = \"host\"\n", hostCPU: 2, wantErr: ":2: session.network"},
 		{name: "unknown key", text: "[session]\nimage = \"x\"\nnetwrok = \"none\"\n", hostCPU: 2, wantErr: ":3: session.netwrok"},
 		{name: "host network", text: "[session]\nnetwork = \"host\"\n", hostCPU: 2, wantErr: ":2: session.network"},
 		{name: "root user", text: "[session]\nuser = \"0:0\"\n", hostCPU: 2, wantErr: ":2: session.user"},
