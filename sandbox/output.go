@@ -59,6 +59,13 @@ func (b *OutputBuffer) Write(p []byte) (int, error) {
 	// limit up front.
 	if room := b.limit - len(b.buf); room > 0 {
 		k := min(room, len(p))
+		if len(b.buf)+k > cap(b.buf) {
+			// Grown by hand: append's growth would overshoot the limit,
+			// which is what max_output_memory counts.
+			grown := make([]byte, len(b.buf), min(b.limit, max(2*cap(b.buf), len(b.buf)+k)))
+			copy(grown, b.buf)
+			b.buf = grown
+		}
 		b.buf = append(b.buf, p[:k]...)
 		p = p[k:]
 	}

@@ -527,7 +527,8 @@ func (t *Terminal) killOnce(ctx context.Context) error {
 func (t *Terminal) signalAll(ctx context.Context, sig syscall.Signal) error {
 	t.markSent(sig)
 	err := t.session.signalMarked(ctx, sig, []string{t.ID})
-	if err != nil && t.Exited() {
+	if err != nil && (t.Exited() || t.session.isClosed()) {
+		// Gone already, or going with its container.
 		return nil
 	}
 	return err
