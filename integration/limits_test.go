@@ -419,3 +419,67 @@ func TestIgnoredSIGHUPStaysIgnored(t *testing.T) {
 		t.Errorf("exit after stdin closed: %v", srv.err)
 	}
 }
+
+// TestSecondSignalStopsAtOnce: a shutdown that takes long (here a command
+// that ignores SIGTERM under a long kill grace) ends at once on a second
+// Ctrl-C that comes 2 s or more after the first, saying what it leaves;
+// the ones that come sooner are the same request.
+func TestSecondSignalStopsAtOnce(t *testing.T) {
+	if signal.Ignored(syscall.SIGINT) {
+		t.Skip("SIGINT is ignored here, and so in the sandboxd started")
+	}
+	ws := workspace(t)
+	cfg := filepath.Join(t.TempDir(), "slow.toml")
+	writeFile(t, cfg, "[terminal]\nkill_grace = \"5m\"\n")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, testEnv.bin, "run", "--config", cfg, "--", "sh", "-c", "trap '' TERM; echo started; while :; do sleep 1; done")
+	cmd.Dir = ws
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr lockedBuffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	t.Cleanup(func() {
+		exec.Command(testEnv.bin, "gc").Run()
+		assertNoContainers(t, pid)
+	})
+	line := make([]byte, len("started\n"))
+	if _, err := io.ReadFull(out, line); err != nil {
+		t.Fatalf("first line %q: %v; stderr %q", line, err, stderr.String())
+	}
+	done := make(chan struct{})
+	go func() {
+		cmd.Wait()
+		close(done)
+	}()
+	// Ctrl-C again and again, as an impatient person does, until it ends.
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	sent := 0
+	for ended := false; !ended; {
+		select {
+		case <-tick.C:
+			cmd.Process.Signal(syscall.SIGINT)
+			sent++
+		case <-done:
+			ended = true
+		case <-ctx.Done():
+			t.Fatalf("sandboxd did not stop after %d Ctrl-C; stderr %q", sent, stderr.String())
+		}
+	}
+	if st, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !st.Signaled() || st.Signal() != syscall.SIGINT {
+		t.Errorf("sandboxd ended with %v, want death by SIGINT", cmd.ProcessState)
+	}
+	if !strings.Contains(stderr.String(), "stopping at once") || !strings.Contains(stderr.String(), "sandboxd gc") {
+		t.Errorf("stderr %q, want it to say it stops at once and what removes what it left", stderr.String())
+	}
+	if sent < 2 {
+		t.Errorf("ended after %d Ctrl-C; the command ignores SIGTERM for 5 minutes", sent)
+	}
+}

@@ -35,7 +35,7 @@ func Run(ctx context.Context, m *Manager, spec SessionSpec, cmd Command) (int, e
 	// Interrupted while the container started (which sees itself through
 	// whatever the caller does): the command is not to run at all.
 	if ctx.Err() != nil {
-		return 0, fmt.Errorf("run %s: %w before the command started", spec.ID, context.Cause(ctx))
+		return 0, fmt.Errorf("stopped before the command started (%w)", context.Cause(ctx))
 	}
 	zero := int64(0)
 	if cmd.OutputLimit == nil {

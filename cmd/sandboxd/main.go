@@ -43,11 +43,12 @@ func main() {
 }
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
-		if len(args) == 0 {
-			return 2
-		}
+		return 2
+	}
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(stdout, usage)
 		return 0
 	}
 	// SIGHUP too: closing the terminal sandboxd runs in must not leave
@@ -64,7 +65,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	defer signal.Stop(sigs)
 	finished := make(chan struct{})
 	defer close(finished)
-	go watchSignals(sigs, cancel, finished)
+	go watchSignals(sigs, cancel, finished, stderr)
 	// A write to a peer or pipe that went away must fail, not kill
 	// sandboxd before it removed its containers. Notify rather than
 	// Ignore: an ignored SIGPIPE would be inherited by what it starts.
@@ -79,25 +80,22 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	case "wrap":
 		code, err = cmdWrap(ctx, args[1:], stdin, stdout, stderr)
 	case "image":
-		err = cmdImage(ctx, args[1:], stderr)
+		err = cmdImage(ctx, args[1:], stdout, stderr)
 	case "gc":
 		err = cmdGC(ctx, args[1:], stdout, stderr)
 	case "config":
 		err = cmdConfig(args[1:], stdout, stderr)
 	default:
-		fmt.Fprintf(stderr, "sandboxd: unknown command %q\n\n%s", args[0], usage)
+		fmt.Fprintf(stderr, "sandboxd: unknown command %q (see 'sandboxd help')\n", args[0])
 		return 2
 	}
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
-	if errors.As(err, new(flagError)) {
-		return 2
-	}
 	if err != nil {
 		fmt.Fprintf(stderr, "sandboxd %s: %v\n", args[0], err)
 		code = 1
-		if errors.As(err, new(usageError)) {
+		if errors.As(err, new(usageError)) || errors.As(err, new(flagError)) {
 			code = 2
 		}
 	}
@@ -105,16 +103,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		// Cleaned up: now die of the SIGINT, so that a shell running
 		// sandboxd in a loop or a script stops too (it goes on after a
 		// child that merely exited).
-		// (As the init of a container it cannot: the kernel drops a
-		// signal an init sends itself, and it exits with the code.)
-		if pid := syscall.Getpid(); pid != 1 {
-			signal.Stop(sigs)
-			signal.Reset(syscall.SIGINT)
-			// To this very thread: delivered before the call returns,
-			// not to another while this one exits with a code.
-			runtime.LockOSThread()
-			syscall.Tgkill(pid, syscall.Gettid(), syscall.SIGINT)
-		}
+		signal.Stop(sigs)
+		raise(syscall.SIGINT)
 		return 128 + int(syscall.SIGINT)
 	}
 	return code
@@ -131,34 +121,72 @@ func (c signalCause) Error() string { return "signal: " + c.sig.String() }
 // the engine. Signals that come with the first are the same request (a
 // closed terminal sends SIGHUP twice, Ctrl-C reaches npm and the sandboxd
 // it runs), and SIGHUP never escalates.
-func watchSignals(sigs <-chan os.Signal, cancel context.CancelCauseFunc, finished <-chan struct{}) {
+func watchSignals(sigs <-chan os.Signal, cancel context.CancelCauseFunc, finished <-chan struct{}, stderr io.Writer) {
 	select {
 	case sig := <-sigs:
 		cancel(signalCause{sig})
 	case <-finished:
 		return
 	}
-	select {
-	case <-time.After(2 * time.Second):
-		signal.Reset(syscall.SIGINT, syscall.SIGTERM)
-	case <-finished:
+	patience := time.After(2 * time.Second)
+	for {
+		select {
+		case <-patience:
+			patience = nil
+		case sig := <-sigs:
+			if patience != nil || sig == syscall.SIGHUP {
+				continue
+			}
+			fmt.Fprintln(stderr, "sandboxd: stopping at once; what it leaves behind goes at the next start, or with `sandboxd gc`")
+			s := sig.(syscall.Signal)
+			raise(s)
+			os.Exit(128 + int(s))
+		case <-finished:
+			return
+		}
+	}
+}
+
+// raise ends sandboxd by sig, as if it had no handler for it, so that its
+// parent sees that signal. As the init of a container it returns: the
+// kernel drops a signal an init sends itself.
+func raise(sig syscall.Signal) {
+	signal.Reset(sig)
+	if pid := syscall.Getpid(); pid != 1 {
+		// To this very thread: delivered before the call returns, not to
+		// another while this one exits with a code.
+		runtime.LockOSThread()
+		syscall.Tgkill(pid, syscall.Gettid(), sig)
 	}
 }
 
 type usageError struct{ error }
 
-// flagError is a bad flag, which the flag package has already reported
-// together with the command's usage.
+// flagError is a bad flag.
 type flagError struct{ error }
 
 // parseFlags parses args into fs; -h is flag.ErrHelp, a bad flag a
 // flagError.
-func parseFlags(fs *flag.FlagSet, args []string) error {
+//
+// Asked for, the command's usage goes to stdout, to be paged or searched;
+// after a mistake, stderr gets the one error and where to read more, not
+// the whole list.
+func parseFlags(fs *flag.FlagSet, args []string, stdout io.Writer) error {
+	usage, out := fs.Usage, fs.Output()
+	fs.Usage = func() {}
+	fs.SetOutput(io.Discard)
 	err := fs.Parse(args)
-	if err != nil && !errors.Is(err, flag.ErrHelp) {
-		return flagError{err}
+	fs.Usage = usage
+	defer fs.SetOutput(out)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fs.SetOutput(stdout)
+		fs.Usage()
+		return err
+	case err != nil:
+		return flagError{fmt.Errorf("%w (see 'sandboxd %s -h')", err, fs.Name())}
 	}
-	return err
+	return nil
 }
 
 // newFlagSet returns a flag set whose -h prints the command's synopsis and
@@ -167,7 +195,7 @@ func newFlagSet(name, synopsis, about string, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: sandboxd %s\n\n%s\n\nFlags:\n", synopsis, about)
+		fmt.Fprintf(fs.Output(), "Usage: sandboxd %s\n\n%s\n\nFlags:\n", synopsis, about)
 		fs.PrintDefaults()
 	}
 	return fs
@@ -190,7 +218,7 @@ func (c *common) register(fs *flag.FlagSet, defaultLevel string) {
 func (c *common) logger(stderr io.Writer) (*slog.Logger, func(), error) {
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(c.logLevel)); err != nil {
-		return nil, nil, usageError{fmt.Errorf("--log-level: %w", err)}
+		return nil, nil, usageError{fmt.Errorf("--log-level: %q is not debug, info, warn or error", c.logLevel)}
 	}
 	w, closeFn := stderr, func() {}
 	if c.logFile != "" {
@@ -261,7 +289,7 @@ func cmdServe(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	listen := fs.String("listen", "stdio", "where to serve ACP: stdio, or unix:PATH")
 	var ah ahpFlags
 	ah.register(fs)
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseFlags(fs, args, stdout); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -342,7 +370,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) (int, 
 	c.register(fs, "warn")
 	var sf sessionFlags
 	sf.register(fs)
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseFlags(fs, args, stdout); err != nil {
 		return 0, err
 	}
 	if fs.NArg() == 0 {
@@ -378,9 +406,9 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) (int, 
 	return sandbox.Run(ctx, m, spec, cmd)
 }
 
-func cmdImage(ctx context.Context, args []string, stderr io.Writer) error {
+func cmdImage(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
-		fmt.Fprintln(stderr, "Usage: sandboxd image build [--ref REF]")
+		fmt.Fprintln(stdout, "Usage: sandboxd image build [--ref REF]")
 		return flag.ErrHelp
 	}
 	if len(args) == 0 || args[0] != "build" {
@@ -389,7 +417,7 @@ func cmdImage(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := newFlagSet("image build", "image build [--ref REF]",
 		"Builds the base image from Debian's busybox-static and bash-static packages,\nreproducibly and without a registry.", stderr)
 	ref := fs.String("ref", images.DefaultRef, "image reference to build")
-	if err := parseFlags(fs, args[1:]); err != nil {
+	if err := parseFlags(fs, args[1:], stdout); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -407,7 +435,7 @@ func cmdImage(ctx context.Context, args []string, stderr io.Writer) error {
 func cmdConfig(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("config", "config",
 		"Prints the embedded default configuration, sandbox.toml, which --config FILE\noverrides key by key.", stderr)
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseFlags(fs, args, stdout); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -421,7 +449,7 @@ func cmdGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("gc", "gc [--all]",
 		"Removes the containers of sandboxd instances that are no longer running\n(every start does this too).", stderr)
 	all := fs.Bool("all", false, "remove every sandboxd container, even of instances still running")
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseFlags(fs, args, stdout); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {

@@ -7,14 +7,17 @@ import (
 )
 
 // TestCommandLineErrors: a mistake on the command line exits 2 with one
-// message that names it, before anything touches the engine.
+// message that names it (and where to read more), before anything touches
+// the engine; help asked for goes to stdout and exits 0.
 func TestCommandLineErrors(t *testing.T) {
 	tests := []struct {
 		args []string
 		code int
 		want string // in stderr, once
 	}{
-		{[]string{"serve", "--bogus"}, 2, "flag provided but not defined: -bogus"},
+		{[]string{"serve", "--bogus"}, 2, "sandboxd serve: flag provided but not defined: -bogus (see 'sandboxd serve -h')"},
+		{[]string{"help"}, 0, "Usage:\n  sandboxd wrap"},
+		{[]string{"run", "-h"}, 0, "Usage: sandboxd run"},
 		{[]string{"run", "--pids", "0", "--", "true"}, 2, "--pids: invalid pids limit \"0\": must be at least 1"},
 		{[]string{"run", "--memory", "0.5", "--", "true"}, 2, "--memory: invalid size \"0.5\": must be at least 1 byte"},
 		{[]string{"wrap", "--pids", "0", "--", "true"}, 2, "--pids: invalid pids limit \"0\""},
@@ -45,11 +48,18 @@ func TestCommandLineErrors(t *testing.T) {
 			if code != tc.code {
 				t.Errorf("exit code %d, want %d; stderr %q", code, tc.code, stderr.String())
 			}
-			if n := strings.Count(stderr.String(), tc.want); n != 1 {
-				t.Errorf("stderr has %q %d times, want once:\n%s", tc.want, n, stderr.String())
+			out, other := &stderr, &stdout
+			if tc.code == 0 {
+				out, other = &stdout, &stderr
 			}
-			if stdout.Len() > 0 {
-				t.Errorf("stdout %q, want nothing", stdout.String())
+			if n := strings.Count(out.String(), tc.want); n != 1 {
+				t.Errorf("%q appears %d times, want once in:\n%s", tc.want, n, out.String())
+			}
+			if other.Len() > 0 {
+				t.Errorf("%q on the other stream, want nothing", other.String())
+			}
+			if tc.code == 2 && strings.Count(stderr.String(), "\n") != 1 {
+				t.Errorf("stderr has more than one line:\n%s", stderr.String())
 			}
 		})
 	}

@@ -25,7 +25,7 @@ func cmdWrap(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	sf.register(fs)
 	var ah ahpFlags
 	ah.register(fs)
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseFlags(fs, args, stdout); err != nil {
 		return 0, err
 	}
 	if *grace < 0 {
