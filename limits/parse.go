@@ -28,7 +28,7 @@ func (l *Limits) Set(field, value string) error {
 			return err
 		}
 		if v == 0 {
-			return fmt.Errorf("invalid size %q: must be at least 1 byte", value)
+			return fmt.Errorf("invalid size %q: must be at least %s", value, FormatBytes(minMemory))
 		}
 		l.Memory = v
 	case "pids":
@@ -37,7 +37,7 @@ func (l *Limits) Set(field, value string) error {
 			return err
 		}
 		if v == 0 {
-			return fmt.Errorf("invalid pids limit %q: must be at least 1", value)
+			return fmt.Errorf("invalid pids limit %q: must be at least %d", value, minPids)
 		}
 		l.Pids = v
 	default:
