@@ -547,6 +547,11 @@ func (t *terminal) launch(say string) {
 	if t.t == nil {
 		return // the server closed while the exec started
 	}
+	select {
+	case <-t.gate:
+		return // launched: a program's R gets nothing typed
+	default:
+	}
 	switch {
 	case say == "nonce" && !t.asked:
 		t.asked = true
