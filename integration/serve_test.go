@@ -369,3 +369,26 @@ func TestSymlinkInWorkspaceReachesNoHostDirectory(t *testing.T) {
 		t.Errorf("the first session reads through the link: %q", out)
 	}
 }
+
+// TestCommandNotFoundIs127: a command the container does not have exits
+// 127, as in a shell, with the engine's reason as its output; one it has
+// but cannot run stays 126.
+func TestCommandNotFoundIs127(t *testing.T) {
+	ws := workspace(t)
+	srv := startServe(t, ws)
+	a := srv.agent()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for _, tc := range []struct {
+		command, want string
+	}{
+		{"no-such-command", "exit 127"},
+		{"/no/such/path", "exit 127"},
+		{"/etc/passwd", "exit 126"},
+	} {
+		out, st := runCmd(t, ctx, a, acpsdk.CreateTerminalRequest{SessionId: "missing", Command: tc.command})
+		if got := exitCode(st); got != tc.want || !strings.Contains(out.Output, tc.command) {
+			t.Errorf("%s: %s, output %q; want %s and the engine's reason", tc.command, got, out.Output, tc.want)
+		}
+	}
+}

@@ -15,6 +15,7 @@ type OutputBuffer struct {
 	buf       []byte // ring once len(buf) == limit
 	start     int    // index of the oldest byte when the ring is full
 	total     int64  // bytes ever written
+	head      []byte // the first headSize bytes ever written, limit or not
 	truncated bool
 	changed   chan struct{} // closed and replaced on every write
 }
@@ -36,6 +37,9 @@ func (b *OutputBuffer) Write(p []byte) (int, error) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if len(b.head) < headSize {
+		b.head = append(b.head, p[:min(len(p), headSize-len(b.head))]...)
+	}
 	b.total += int64(n)
 	close(b.changed)
 	b.changed = make(chan struct{})
@@ -79,6 +83,17 @@ func (b *OutputBuffer) Write(p []byte) (int, error) {
 		b.start = (b.start + k) % b.limit
 	}
 	return n, nil
+}
+
+// headSize is how much of the beginning Head keeps.
+const headSize = 512
+
+// Head returns the first bytes ever written, up to 512, even when the
+// limit dropped them: where the engine says why a command did not start.
+func (b *OutputBuffer) Head() []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]byte(nil), b.head...)
 }
 
 // Held returns the bytes of memory the buffer holds.

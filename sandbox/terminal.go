@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -355,6 +356,7 @@ func (t teeWriter) Write(p []byte) (int, error) {
 // the same whether signal n killed the process or it ran `exit 128+n`, so a
 // signal is only reported when sandboxd sent it or the OOM killer did.
 func (t *Terminal) exitStatus(code int) ExitStatus {
+	code = shellCode(code, t.out.Head())
 	var sig syscall.Signal
 	switch {
 	case code > 128 && code < 128+64 && t.wasSent(syscall.Signal(code-128)):
@@ -367,6 +369,21 @@ func (t *Terminal) exitStatus(code int) ExitStatus {
 		return ExitStatus{Signal: &name}
 	}
 	return ExitStatus{ExitCode: &code}
+}
+
+// shellCode turns the engine's exit code 126 for a command it could not
+// find into a shell's 127: the engine gives 126 for every command it could
+// not start, with its reason as the output, where a shell (and an agent
+// reading the status) tells "no such command" (127) from "cannot run it"
+// (126).
+func shellCode(code int, head []byte) int {
+	if code != 126 || !bytes.HasPrefix(head, []byte("OCI runtime exec failed")) {
+		return code
+	}
+	if bytes.Contains(head, []byte("executable file not found")) || bytes.Contains(head, []byte("no such file or directory")) {
+		return 127
+	}
+	return code
 }
 
 // SignalName returns the conventional name of a signal, e.g. "SIGKILL".
