@@ -69,7 +69,13 @@ type Terminals struct {
 	// it with again once the manager closed it for being idle (nil: as
 	// a new one, from the request that comes).
 	sessions map[string]*sandbox.SessionSpec
+	// closed says the connection ended: a request still under way opens
+	// no session any more, which nothing would close.
+	closed bool
 }
+
+// errClosed answers a request that comes through as the connection ends.
+var errClosed = &jsonrpc2.Error{Code: CodeInternal, Message: "the connection is closing"}
 
 // NewTerminals returns the terminal service for one connection. scope must
 // be unique per connection; workspace is the default workspace; defaults
@@ -277,6 +283,10 @@ func (t *Terminals) checkWorkspace(field, dir string) error {
 // when the session is open already.
 func (t *Terminals) open(ctx context.Context, sid string, spec sandbox.SessionSpec, again *sandbox.SessionSpec, explicit bool) (*sandbox.Session, error) {
 	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil, errClosed
+	}
 	t.sessions[sid] = again
 	t.mu.Unlock()
 	var (
@@ -319,8 +329,14 @@ func (t *Terminals) open(ctx context.Context, sid string, spec sandbox.SessionSp
 // connection at once: a command that comes first waits for the container.
 func (t *Terminals) Prepare(spec sandbox.SessionSpec) {
 	t.mu.Lock()
-	t.sessions[spec.ID] = &spec
+	closed := t.closed
+	if !closed {
+		t.sessions[spec.ID] = &spec
+	}
 	t.mu.Unlock()
+	if closed {
+		return
+	}
 	t.m.OpenAsync(t.key(spec.ID), spec)
 }
 
@@ -525,6 +541,7 @@ func (t *Terminals) Detach(sid string) (remove func(context.Context) error) {
 // connection ends.
 func (t *Terminals) Close(ctx context.Context) error {
 	t.mu.Lock()
+	t.closed = true
 	ids := make([]string, 0, len(t.sessions))
 	for id := range t.sessions {
 		ids = append(ids, id)

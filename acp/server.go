@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,9 +23,16 @@ import (
 	"github.com/sandboxd/sandboxd/sandbox"
 )
 
-// MaxMessageSize bounds one JSON-RPC message. A longer line is answered with
-// an error and skipped; it never grows memory without bound.
+// MaxMessageSize bounds one JSON-RPC message a proxy relays. A longer line
+// is answered with an error and skipped; it never grows memory without
+// bound.
 const MaxMessageSize = 64 << 20
+
+// MaxRequestSize bounds one message to serve: terminal requests are small
+// (an argument is at most 128 KiB, all of them and the environment a few
+// MiB, as Linux takes), and the JSON-RPC library holds a message it
+// decodes at many times its size.
+const MaxRequestSize = 4 << 20
 
 // LineStream is a jsonrpc2.ObjectStream of newline-delimited JSON objects,
 // as ACP frames messages on stdio. A line that is not a JSON-RPC message is
@@ -280,8 +288,18 @@ func (s *LineStream) ReadObject(v any) error {
 			s.replyError(id, CodeInvalidRequest, "invalid request: string ids starting with NUL are reserved")
 			continue
 		}
+		// Decoded into a zero message every time: a failed decode leaves
+		// what it read of the request in v, which a response decoded
+		// into it next would carry along, to be run after all.
+		reflect.ValueOf(v).Elem().SetZero()
 		if err := json.Unmarshal(line, v); err != nil {
-			s.replyError(requestID(line), CodeInvalidRequest, "invalid request: "+err.Error())
+			msg := "invalid request: not a JSON-RPC 2.0 message (an id is a number or a string, a method a string, params an object)"
+			if line[0] == '[' {
+				msg = "invalid request: batches are not supported"
+			}
+			// The id as the peer wrote it, not as rewritten above.
+			s.replyError(id, CodeInvalidRequest, msg)
+			reflect.ValueOf(v).Elem().SetZero()
 			continue
 		}
 		return nil
@@ -291,18 +309,6 @@ func (s *LineStream) ReadObject(v any) error {
 // errNullID answers a request whose id is null, which JSON-RPC 2.0 allows
 // but discourages: sandboxd could not tell its answer from others'.
 var errNullID = &jsonrpc2.Error{Code: CodeInvalidRequest, Message: "invalid request: a request id of null is not supported; use a number or a string"}
-
-// requestID digs the id out of an invalid request, so the peer can match
-// the error to it.
-func requestID(line []byte) json.RawMessage {
-	var m struct {
-		ID json.RawMessage `json:"id"`
-	}
-	if json.Unmarshal(line, &m) != nil || len(m.ID) == 0 {
-		return nil
-	}
-	return m.ID
-}
 
 func (s *LineStream) replyError(id json.RawMessage, code int, msg string) {
 	if id == nil {
@@ -379,7 +385,7 @@ func (d *Dispatcher) Handle(ctx context.Context, conn *jsonrpc2.Conn, req *jsonr
 	_, dup := d.pending[key]
 	d.mu.Unlock()
 	if dup {
-		d.later(func() { d.replyError(ctx, conn, req, duplicateID(req.ID.String())) })
+		d.later(func() { d.replyError(ctx, conn, req, duplicateID(idText(req.ID))) })
 		return
 	}
 	release, err := d.limit.acquire(req.Method)
@@ -422,6 +428,14 @@ func (d *Dispatcher) Handle(ctx context.Context, conn *jsonrpc2.Conn, req *jsonr
 
 // duplicateID refuses a request whose id one in flight already has: its
 // answer and a $/cancel_request could not tell the two apart.
+// idText shows a request id as the peer wrote it.
+func idText(id jsonrpc2.ID) string {
+	if id.IsString && strings.HasPrefix(id.Str, negativeID) {
+		return strings.TrimPrefix(id.Str, negativeID)
+	}
+	return id.String()
+}
+
 func duplicateID(id string) error {
 	return &jsonrpc2.Error{Code: CodeInvalidRequest, Message: fmt.Sprintf("id %.100s is already in use by a request in flight", id)}
 }
@@ -490,7 +504,9 @@ func (d *Dispatcher) Wait() { d.wg.Wait() }
 // then closes every session the connection opened.
 func Serve(ctx context.Context, rwc io.ReadWriteCloser, t *Terminals, log *slog.Logger) error {
 	d := NewDispatcher(t, log)
-	conn := jsonrpc2.NewConn(ctx, NewLineStream(rwc, log), d)
+	stream := NewLineStream(rwc, log)
+	stream.max = MaxRequestSize
+	conn := jsonrpc2.NewConn(ctx, stream, d)
 	select {
 	case <-conn.DisconnectNotify():
 	case <-ctx.Done():

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/sourcegraph/jsonrpc2"
+
+	"github.com/sandboxd/sandboxd/sandbox"
 )
 
 // echoHandler answers "echo" with its params and "block" when cancelled.
@@ -297,5 +299,65 @@ func TestNullIDAndCancelAsRequestAreAnswered(t *testing.T) {
 	send(`{"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":0}}`)
 	if rep := recv(); rep["id"] != float64(0) || errCode(rep) != CodeCancelled {
 		t.Errorf("reply = %v, want -32800 for 0", rep)
+	}
+}
+
+// TestRejectedRequestNeverRuns: a request refused as invalid (here for its
+// id) is not run later, when a response line is decoded after it; and the
+// refusal carries the id as the peer wrote it, negative ones included.
+func TestRejectedRequestNeverRuns(t *testing.T) {
+	send, recv := serveLines(t)
+	for _, tc := range []struct {
+		line string
+		id   any
+		msg  string
+	}{
+		{`{"jsonrpc":"2.0","id":1.5,"method":"echo","params":{"ran":true}}`, 1.5, "not a JSON-RPC 2.0 message"},
+		{`{"jsonrpc":"2.0","id":-5,"method":5}`, float64(-5), "not a JSON-RPC 2.0 message"},
+		{`[{"jsonrpc":"2.0","id":3,"method":"echo"}]`, nil, "batches are not supported"},
+	} {
+		send(tc.line)
+		rep := recv()
+		if rep["id"] != tc.id || errCode(rep) != CodeInvalidRequest || !strings.Contains(rep["error"].(map[string]any)["message"].(string), tc.msg) {
+			t.Errorf("%s: reply %v, want -32600 for id %v saying %q", tc.line, rep, tc.id, tc.msg)
+		}
+		send(`{"jsonrpc":"2.0","id":99,"result":null}`)
+		send(`{"jsonrpc":"2.0","id":7,"method":"echo","params":{"next":true}}`)
+		if rep := recv(); rep["id"] != float64(7) {
+			t.Errorf("after %s and a response: %v, want the answer to 7 (the refused request ran)", tc.line, rep)
+		}
+	}
+}
+
+// TestDuplicateNegativeIDIsNamedAsSent: the error for an id in use shows
+// the id the peer sent, not sandboxd's inner form of it.
+func TestDuplicateNegativeIDIsNamedAsSent(t *testing.T) {
+	send, recv := serveLines(t)
+	send(`{"jsonrpc":"2.0","id":-7,"method":"block","params":{}}`)
+	send(`{"jsonrpc":"2.0","id":-7,"method":"echo","params":{}}`)
+	rep := recv()
+	msg, _ := rep["error"].(map[string]any)["message"].(string)
+	if rep["id"] != float64(-7) || !strings.Contains(msg, "id -7 is already in use") || strings.Contains(msg, "negative id") {
+		t.Errorf("reply %v, want -32600 naming id -7", rep)
+	}
+	send(`{"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":-7}}`)
+	if rep := recv(); errCode(rep) != CodeCancelled {
+		t.Errorf("reply %v, want the block cancelled", rep)
+	}
+}
+
+// TestClosedTerminalsOpenNothing: a request still under way when its
+// connection ends opens no session, which nothing would close.
+func TestClosedTerminalsOpenNothing(t *testing.T) {
+	terms := NewTerminals(nil, "c", "/w", sandbox.SessionSpec{})
+	if err := terms.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := terms.open(context.Background(), "s", sandbox.SessionSpec{ID: "s", Workspace: "/w"}, nil, false); err != errClosed {
+		t.Errorf("open after Close: %v, want errClosed", err)
+	}
+	terms.Prepare(sandbox.SessionSpec{ID: "p", Workspace: "/w"})
+	if len(terms.sessions) != 0 {
+		t.Errorf("sessions after Close: %v, want none", terms.sessions)
 	}
 }

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -183,14 +185,21 @@ func TestSignalRemovesContainers(t *testing.T) {
 	}
 }
 
-func TestUnixSocketConnectionsAreIsolated(t *testing.T) {
-	ws := workspace(t)
+// startServeUnix starts `sandboxd serve` on a unix socket in a new
+// workspace and returns it once the socket is there.
+func startServeUnix(t *testing.T) (*server, string) {
+	t.Helper()
 	sock := filepath.Join(t.TempDir(), "sandboxd.sock")
-	srv := startServe(t, ws, "--listen", "unix:"+sock)
+	srv := startServe(t, workspace(t), "--listen", "unix:"+sock)
 	eventually(t, "socket", 60*time.Second, func() bool {
 		_, err := os.Stat(sock)
 		return err == nil
 	})
+	return srv, sock
+}
+
+func TestUnixSocketConnectionsAreIsolated(t *testing.T) {
+	srv, sock := startServeUnix(t)
 	fi, err := os.Stat(sock)
 	if err != nil {
 		t.Fatal(err)
@@ -482,4 +491,42 @@ func TestSecondSignalStopsAtOnce(t *testing.T) {
 	if sent < 2 {
 		t.Errorf("ended after %d Ctrl-C; the command ignores SIGTERM for 5 minutes", sent)
 	}
+}
+
+// TestConnectionClosedMidCreateLeavesNothing: a peer that asks for a
+// terminal and hangs up at once leaves no container on a server that goes
+// on serving others (each would hold one of server.max_sessions for good).
+func TestConnectionClosedMidCreateLeavesNothing(t *testing.T) {
+	srv, sock := startServeUnix(t)
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Go(func() {
+			c, err := net.Dial("unix", sock)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			fmt.Fprintf(c, `{"jsonrpc":"2.0","id":1,"method":"terminal/create","params":{"sessionId":"s%d","command":"sleep","args":["309"]}}`+"\n", i)
+			c.Close()
+		})
+	}
+	wg.Wait()
+	// Each connection's sessions close as it ends, once its requests are
+	// answered; none may come after.
+	eventually(t, "every connection closed", 60*time.Second, func() bool {
+		return strings.Count(srv.stderr.String(), `msg="connection closed"`) == 20
+	})
+	pid := srv.cmd.Process.Pid
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintln(c, `{"jsonrpc":"2.0","id":1,"method":"terminal/output","params":{"sessionId":"x","terminalId":"y"}}`)
+	if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || !strings.Contains(line, "-32002") {
+		t.Fatalf("server not serving: %q, %v", line, err)
+	}
+	c.Close()
+	assertNoContainers(t, pid)
+	srv.cmd.Process.Signal(syscall.SIGTERM)
+	<-srv.done
 }
