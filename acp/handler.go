@@ -149,11 +149,11 @@ func (t *Terminals) session(ctx context.Context, id string) (*sandbox.Session, e
 	_, ok := t.sessions[id]
 	t.mu.Unlock()
 	if !ok {
-		return nil, notFound("unknown session %q", id)
+		return nil, notFound("unknown session %.200q", id)
 	}
 	s, err := t.m.Get(ctx, t.key(id))
 	if errors.Is(err, sandbox.ErrNotFound) {
-		return nil, notFound("unknown session %q (closed)", id)
+		return nil, notFound("unknown session %.200q (closed)", id)
 	}
 	return s, err
 }
@@ -177,7 +177,7 @@ func (t *Terminals) terminal(ctx context.Context, params json.RawMessage) (*sand
 	}
 	term, err := s.Terminal(tid)
 	if err != nil {
-		return nil, nil, notFound("unknown terminal %q in session %q", tid, sid)
+		return nil, nil, notFound("unknown terminal %.200q in session %.200q", tid, sid)
 	}
 	return s, term, nil
 }
@@ -511,7 +511,7 @@ func (t *Terminals) closeSession(ctx context.Context, params json.RawMessage) (a
 func (t *Terminals) CloseSession(ctx context.Context, sid string) error {
 	remove := t.Detach(sid)
 	if remove == nil {
-		return notFound("unknown session %q", sid)
+		return notFound("unknown session %.200q", sid)
 	}
 	return remove(ctx)
 }

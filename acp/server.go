@@ -506,7 +506,7 @@ func Serve(ctx context.Context, rwc io.ReadWriteCloser, t *Terminals, log *slog.
 	d := NewDispatcher(t, log)
 	stream := NewLineStream(rwc, log)
 	stream.max = MaxRequestSize
-	conn := jsonrpc2.NewConn(ctx, stream, d)
+	conn := jsonrpc2.NewConn(ctx, stream, d, jsonrpc2.SetLogger(debugLog{log}))
 	select {
 	case <-conn.DisconnectNotify():
 	case <-ctx.Done():
@@ -518,6 +518,14 @@ func Serve(ctx context.Context, rwc io.ReadWriteCloser, t *Terminals, log *slog.
 	err := t.Close(cctx)
 	d.Wait()
 	return err
+}
+
+// debugLog takes the JSON-RPC library's own messages (a response nobody
+// asked for, say) to the debug log: a peer could otherwise fill stderr.
+type debugLog struct{ log *slog.Logger }
+
+func (l debugLog) Printf(format string, args ...any) {
+	l.log.Debug(strings.TrimSpace(fmt.Sprintf(format, args...)))
 }
 
 // ListenUnix listens on a unix socket that only the owner may connect to.

@@ -361,3 +361,18 @@ func TestClosedTerminalsOpenNothing(t *testing.T) {
 		t.Errorf("sessions after Close: %v, want none", terms.sessions)
 	}
 }
+
+// TestLibraryMessagesGoToTheDebugLog: a response nobody asked for is the
+// JSON-RPC library's to report; it goes to sandboxd's debug log, which a
+// peer cannot flood stderr through.
+func TestLibraryMessagesGoToTheDebugLog(t *testing.T) {
+	var logs syncBuffer
+	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	in := strings.NewReader(`{"jsonrpc":"2.0","id":42,"result":null}` + "\n")
+	if err := Serve(context.Background(), pipeConn{in, io.Discard}, NewTerminals(nil, "c", "/w", sandbox.SessionSpec{}), log); err != nil {
+		t.Fatal(err)
+	}
+	if got := logs.String(); !strings.Contains(got, "level=DEBUG") || !strings.Contains(got, "ignoring response #42") {
+		t.Errorf("logs %q, want the library's note at debug level", got)
+	}
+}
