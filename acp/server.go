@@ -365,6 +365,11 @@ func NewDispatcher(h RequestHandler, log *slog.Logger) *Dispatcher {
 // it is seen.
 func (d *Dispatcher) Handle(ctx context.Context, conn *jsonrpc2.Conn, req *jsonrpc2.Request) {
 	if req.Method == MethodCancel {
+		if !req.Notif && d.inFlight(req.ID) {
+			// Its answer would be a second one to the request in flight.
+			d.later(func() { d.replyError(ctx, conn, req, duplicateID(idText(req.ID))) })
+			return
+		}
 		d.cancel(req)
 		if !req.Notif {
 			// Sent as a request: it gets its answer.
@@ -380,14 +385,11 @@ func (d *Dispatcher) Handle(ctx context.Context, conn *jsonrpc2.Conn, req *jsonr
 		d.log.Debug("ignored notification", "method", req.Method)
 		return
 	}
-	key := req.ID.String()
-	d.mu.Lock()
-	_, dup := d.pending[key]
-	d.mu.Unlock()
-	if dup {
+	if d.inFlight(req.ID) {
 		d.later(func() { d.replyError(ctx, conn, req, duplicateID(idText(req.ID))) })
 		return
 	}
+	key := req.ID.String()
 	release, err := d.limit.acquire(req.Method)
 	if err != nil {
 		d.later(func() { d.replyError(ctx, conn, req, err) })
@@ -428,6 +430,14 @@ func (d *Dispatcher) Handle(ctx context.Context, conn *jsonrpc2.Conn, req *jsonr
 
 // duplicateID refuses a request whose id one in flight already has: its
 // answer and a $/cancel_request could not tell the two apart.
+// inFlight reports whether a request with id is still being answered.
+func (d *Dispatcher) inFlight(id jsonrpc2.ID) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	_, ok := d.pending[id.String()]
+	return ok
+}
+
 // idText shows a request id as the peer wrote it.
 func idText(id jsonrpc2.ID) string {
 	if id.IsString && strings.HasPrefix(id.Str, negativeID) {

@@ -376,3 +376,23 @@ func TestLibraryMessagesGoToTheDebugLog(t *testing.T) {
 		t.Errorf("logs %q, want the library's note at debug level", got)
 	}
 }
+
+// TestCancelAsRequestWithAnIDInFlight: a $/cancel_request sent as a
+// request under an id still in flight is refused like any request that
+// reuses one, and cancels nothing.
+func TestCancelAsRequestWithAnIDInFlight(t *testing.T) {
+	send, recv := serveLines(t)
+	send(`{"jsonrpc":"2.0","id":3,"method":"block","params":{}}`)
+	send(`{"jsonrpc":"2.0","id":3,"method":"$/cancel_request","params":{"requestId":3}}`)
+	if rep := recv(); rep["id"] != float64(3) || errCode(rep) != CodeInvalidRequest {
+		t.Errorf("reply %v, want -32600 for the reused id", rep)
+	}
+	send(`{"jsonrpc":"2.0","id":4,"method":"echo","params":{}}`)
+	if rep := recv(); rep["id"] != float64(4) {
+		t.Errorf("reply %v, want the echo: the block was cancelled", rep)
+	}
+	send(`{"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":3}}`)
+	if rep := recv(); rep["id"] != float64(3) || errCode(rep) != CodeCancelled {
+		t.Errorf("reply %v, want -32800 for 3", rep)
+	}
+}
