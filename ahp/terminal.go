@@ -519,10 +519,7 @@ func (t *terminal) event(ev osc633.Event) {
 	case 'P':
 		if ev.Key == "Cwd" && len(ev.Value) > 0 && ev.Value[0] == '/' {
 			uri := fileURI(ev.Value)
-			s.mu.Lock()
-			same := s.terms[t.uri] == t && t.state.Cwd == uri
-			s.mu.Unlock()
-			if !same {
+			if !t.stateIs(func(st TerminalState) bool { return st.Cwd == uri }) {
 				s.emit(t.uri, Action{Type: "terminal/cwdChanged", Cwd: uri}, nil)
 			}
 		}
@@ -530,13 +527,18 @@ func (t *terminal) event(ev osc633.Event) {
 		// A program that sets its title in a loop (a progress display)
 		// costs each client a list of the terminals per change; the same
 		// title again changes nothing.
-		s.mu.Lock()
-		same := s.terms[t.uri] == t && t.state.Title == ev.Title
-		s.mu.Unlock()
-		if !same {
+		if !t.stateIs(func(st TerminalState) bool { return st.Title == ev.Title }) {
 			t.emitListed(Action{Type: "terminal/titleChanged", Title: ev.Title})
 		}
 	}
+}
+
+// stateIs reports whether the terminal is still served and its state
+// satisfies is, for events that change nothing when it already does.
+func (t *terminal) stateIs(is func(TerminalState) bool) bool {
+	t.s.mu.Lock()
+	defer t.s.mu.Unlock()
+	return t.s.terms[t.uri] == t && is(t.state)
 }
 
 // launch answers the launcher, the first thing to run in the terminal:

@@ -101,10 +101,27 @@ func runMain(m *testing.M) int {
 func workspace(t testing.TB) string {
 	t.Helper()
 	dir := t.TempDir()
-	if err := os.Chown(dir, 1000, 1000); err != nil {
-		t.Fatalf("chown workspace: %v", err)
-	}
+	own(t, dir)
 	return dir
+}
+
+// own gives path to uid 1000, whom sessions run as.
+func own(t testing.TB, path string) {
+	t.Helper()
+	if err := os.Chown(path, 1000, 1000); err != nil {
+		t.Fatalf("chown %s: %v", path, err)
+	}
+}
+
+// subdir makes a directory of uid 1000 in dir.
+func subdir(t testing.TB, dir, name string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.Mkdir(p, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	own(t, p)
+	return p
 }
 
 // server is a running `sandboxd serve` on stdio.

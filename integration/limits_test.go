@@ -286,29 +286,37 @@ func TestRunPassesExitCodeAndOutput(t *testing.T) {
 	}
 }
 
+// startRun starts `sandboxd run --config config -- argv...` in a new
+// workspace and returns once the command's output began with first; its
+// stdout is out, to read on or close.
+func startRun(t *testing.T, ctx context.Context, config, first string, argv ...string) (cmd *exec.Cmd, out io.ReadCloser, stderr *lockedBuffer) {
+	t.Helper()
+	cmd = exec.CommandContext(ctx, testEnv.bin, append([]string{"run", "--config", config, "--"}, argv...)...)
+	cmd.Dir = workspace(t)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr = &lockedBuffer{}
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(first))
+	if _, err := io.ReadFull(out, got); err != nil || string(got) != first {
+		t.Fatalf("first output %q: %v; stderr %q", got, err, stderr.String())
+	}
+	return cmd, out, stderr
+}
+
 // TestRunIntoAClosedPipe: `sandboxd run -- yes | head -1` closes sandboxd's
 // stdout early; as in a shell pipeline, the command ends (sandboxd exits
 // 141, 128+SIGPIPE, without dying of the signal itself) and its container
 // goes.
 func TestRunIntoAClosedPipe(t *testing.T) {
-	ws := workspace(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, testEnv.bin, "run", "--config", testEnv.config, "--", "yes")
-	cmd.Dir = ws
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	first := make([]byte, 2)
-	if _, err := io.ReadFull(out, first); err != nil || string(first) != "y\n" {
-		t.Fatalf("first line %q: %v", first, err)
-	}
+	cmd, out, stderr := startRun(t, ctx, testEnv.config, "y\n", "yes")
 	out.Close()
 	cmd.Wait()
 	if ctx.Err() != nil {
@@ -369,24 +377,9 @@ func TestRunDiesOfCtrlC(t *testing.T) {
 	if signal.Ignored(syscall.SIGINT) {
 		t.Skip("SIGINT is ignored here, and so in the sandboxd started")
 	}
-	ws := workspace(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, testEnv.bin, "run", "--config", testEnv.config, "--", "sh", "-c", "echo started; sleep 308")
-	cmd.Dir = ws
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	line := make([]byte, len("started\n"))
-	if _, err := io.ReadFull(out, line); err != nil || string(line) != "started\n" {
-		t.Fatalf("first line %q: %v; stderr %q", line, err, stderr.String())
-	}
+	cmd, _, stderr := startRun(t, ctx, testEnv.config, "started\n", "sh", "-c", "echo started; sleep 308")
 	cmd.Process.Signal(syscall.SIGINT)
 	cmd.Wait()
 	if ctx.Err() != nil {
@@ -437,31 +430,16 @@ func TestSecondSignalStopsAtOnce(t *testing.T) {
 	if signal.Ignored(syscall.SIGINT) {
 		t.Skip("SIGINT is ignored here, and so in the sandboxd started")
 	}
-	ws := workspace(t)
 	cfg := filepath.Join(t.TempDir(), "slow.toml")
 	writeFile(t, cfg, "[terminal]\nkill_grace = \"5m\"\n")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, testEnv.bin, "run", "--config", cfg, "--", "sh", "-c", "trap '' TERM; echo started; while :; do sleep 1; done")
-	cmd.Dir = ws
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr lockedBuffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	cmd, _, stderr := startRun(t, ctx, cfg, "started\n", "sh", "-c", "trap '' TERM; echo started; while :; do sleep 1; done")
 	pid := cmd.Process.Pid
 	t.Cleanup(func() {
 		exec.Command(testEnv.bin, "gc").Run()
 		assertNoContainers(t, pid)
 	})
-	line := make([]byte, len("started\n"))
-	if _, err := io.ReadFull(out, line); err != nil {
-		t.Fatalf("first line %q: %v; stderr %q", line, err, stderr.String())
-	}
 	done := make(chan struct{})
 	go func() {
 		cmd.Wait()

@@ -626,16 +626,9 @@ func TestWrapSendsNothingForAClosedSession(t *testing.T) {
 // never the link's target.
 func TestNestedWorkspaceCannotBeSwappedForALink(t *testing.T) {
 	ws := workspace(t)
-	sub := filepath.Join(ws, "sub")
-	if err := os.Mkdir(sub, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	sub := subdir(t, ws, "sub")
 	writeFile(t, filepath.Join(sub, "marker"), "")
-	for _, p := range []string{sub, filepath.Join(sub, "marker")} {
-		if err := os.Chown(p, 1000, 1000); err != nil {
-			t.Fatal(err)
-		}
-	}
+	own(t, filepath.Join(sub, "marker"))
 	w := startWrap(t, ws, acpsdk.ClientCapabilities{})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -682,13 +675,7 @@ func TestNestedWorkspaceCannotBeSwappedForALink(t *testing.T) {
 // anywhere in the container. One that resolves elsewhere is refused.
 func TestNestedDirectoriesMountOnce(t *testing.T) {
 	ws := workspace(t)
-	sub := filepath.Join(ws, "sub")
-	if err := os.Mkdir(sub, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chown(sub, 1000, 1000); err != nil {
-		t.Fatal(err)
-	}
+	sub := subdir(t, ws, "sub")
 	writeFile(t, filepath.Join(ws, "top"), "top\n")
 	w := startWrap(t, ws, acpsdk.ClientCapabilities{})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -356,7 +356,9 @@ func (t teeWriter) Write(p []byte) (int, error) {
 // the same whether signal n killed the process or it ran `exit 128+n`, so a
 // signal is only reported when sandboxd sent it or the OOM killer did.
 func (t *Terminal) exitStatus(code int) ExitStatus {
-	code = shellCode(code, t.out.Head())
+	if code == 126 {
+		code = shellCode(code, t.out.Head())
+	}
 	var sig syscall.Signal
 	switch {
 	case code > 128 && code < 128+64 && t.wasSent(syscall.Signal(code-128)):
