@@ -9,6 +9,8 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -659,11 +661,36 @@ func (p *Proxy) sessionAnswered(m message) {
 	// left out, the others are mounted.
 	spec.ID, spec.Workspace, spec.ExtraDirs = sessionID, cwd, items[string](f, "additionalDirectories")
 	p.mu.Lock()
+	before, open := p.specs[spec.ID]
+	p.mu.Unlock()
+	if open && !sameMounts(before, spec) {
+		// A container cannot gain or change mounts: a session loaded
+		// again with other directories gets a new one, so that what the
+		// editor names is what the agent's commands see.
+		p.log.Info("session opened again with other directories; its container is replaced", "session", spec.ID, "cwd", cwd)
+		p.closeSession(spec.ID)
+	}
+	p.mu.Lock()
 	p.specs[spec.ID] = spec
 	p.mu.Unlock()
 	// Prepare reserves the session at once, so a terminal request that
 	// follows waits for the container instead of finding no session.
 	p.terms.Prepare(spec)
+}
+
+// sameMounts tells whether two specs of a session mount the same
+// directories: the same workspace, and the same additional directories in
+// any order.
+func sameMounts(a, b sandbox.SessionSpec) bool {
+	extra := func(s sandbox.SessionSpec) []string {
+		d := make([]string, len(s.ExtraDirs))
+		for i, x := range s.ExtraDirs {
+			d[i] = filepath.Clean(x)
+		}
+		slices.Sort(d)
+		return slices.Compact(d)
+	}
+	return filepath.Clean(a.Workspace) == filepath.Clean(b.Workspace) && slices.Equal(extra(a), extra(b))
 }
 
 // closeSession forgets a session the agent closed, at once, so that a

@@ -218,12 +218,16 @@ func RemoveToken(file, token string) {
 }
 
 // Listen serves on addr until ctx ends. It gives the address it listens
-// on to ready before it serves anyone; an error from ready ends it.
+// on to ready before it serves anyone; an error from ready ends it. It is
+// called once, before the server serves in any other way.
 func (s *Server) Listen(ctx context.Context, addr string, ready func(net.Addr) error) error {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("ahp listen %s: %w", addr, err)
 	}
+	// The address bound, not the one asked for: with port 0 only this
+	// one tells which endpoint a log line is about.
+	s.log = s.log.With("ahp", ln.Addr().String())
 	if ready != nil {
 		if err := ready(ln.Addr()); err != nil {
 			ln.Close()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -906,5 +907,48 @@ func TestRepliesDoNotCountAgainstTheBacklog(t *testing.T) {
 	case <-c.done:
 	default:
 		t.Error("a client 1.2 MiB of actions behind, backlog 1 MiB, was not cut off")
+	}
+}
+
+// lineWriter hands each log line to a channel.
+type lineWriter chan string
+
+func (w lineWriter) Write(p []byte) (int, error) {
+	w <- string(p)
+	return len(p), nil
+}
+
+// TestLogsNameTheBoundAddress: asked to listen on port 0, the server's
+// log lines name the port it got, not the 0 asked for.
+func TestLogsNameTheBoundAddress(t *testing.T) {
+	lines := make(lineWriter, 16)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s := NewServer(ctx, Config{Token: "tok"}, slog.New(slog.NewTextHandler(lines, nil)))
+	bound := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- s.Listen(ctx, "127.0.0.1:0", func(a net.Addr) error {
+			bound <- a.String()
+			return nil
+		})
+	}()
+	addr := <-bound
+	ws, _, err := websocket.Dial(ctx, "ws://"+addr+"/", &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer wrong"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.CloseNow()
+	select {
+	case line := <-lines:
+		if !strings.Contains(line, "ahp="+addr) {
+			t.Errorf("log line %q does not name %s", line, addr)
+		}
+	case <-ctx.Done():
+		t.Fatal("nothing logged for a connection without a valid token")
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Listen: %v", err)
 	}
 }

@@ -562,6 +562,18 @@ func TestWrapSessionsGetTheirOwnContainers(t *testing.T) {
 		t.Errorf("loaded session runs in %.12s, not in its container %.12s", c, c2)
 	}
 	exists := func(id string) bool { return slices.Contains(containersOf(t, w.cmd.Process.Pid), id) }
+	// Loaded with a directory more, which no running container can gain:
+	// it gets a new container that mounts it, and the old one goes.
+	extra := workspace(t)
+	writeFile(t, filepath.Join(extra, "marker"), "in the extra directory")
+	if _, err := w.conn.LoadSession(ctx, acpsdk.LoadSessionRequest{SessionId: s2, Cwd: other, AdditionalDirectories: []string{extra}, McpServers: []acpsdk.McpServer{}}); err != nil {
+		t.Fatalf("session/load with another directory: %v", err)
+	}
+	if got := w.prompt(t, ctx, s2, "run cat "+filepath.Join(extra, "marker")); got != "exit=0 output=in the extra directory" {
+		t.Errorf("reloaded session reading its new directory: %q", got)
+	}
+	eventually(t, "the container without the directory removed", 60*time.Second, func() bool { return !exists(c2) })
+	c2 = w.containerOf(t, ctx, s2)
 	for _, c := range []struct {
 		sid acpsdk.SessionId
 		id  string

@@ -62,7 +62,7 @@ func (a *ahpFlags) start(ctx context.Context, terms *acp.Terminals, workspace st
 	if err != nil {
 		return nil, err
 	}
-	srv := ahp.NewServer(ctx, ahp.Config{Token: token, Origins: a.origins, MaxContent: int(a.maxContent), Workspace: workspace, Sessions: terms.SessionFor}, log.With("ahp", a.listen))
+	srv := ahp.NewServer(ctx, ahp.Config{Token: token, Origins: a.origins, MaxContent: int(a.maxContent), Workspace: workspace, Sessions: terms.SessionFor}, log)
 	var file string
 	ready := make(chan error, 1)
 	done := make(chan struct{})
