@@ -463,11 +463,12 @@ func (p *Proxy) rewriteInitialize(line []byte) []byte {
 	if json.Unmarshal(msg["params"], &params) != nil || params == nil {
 		return nil
 	}
+	// Capabilities that are no object are what the agent reads as none
+	// (x-deserialize-default-on-error): they become an object saying
+	// terminals, so that the agent never falls back to running commands
+	// itself, on the host.
 	var caps map[string]json.RawMessage
-	if json.Unmarshal(params["clientCapabilities"], &caps) != nil && params["clientCapabilities"] != nil {
-		return nil
-	}
-	if caps == nil {
+	if json.Unmarshal(params["clientCapabilities"], &caps) != nil || caps == nil {
 		caps = map[string]json.RawMessage{}
 	}
 	var meta struct {
@@ -822,6 +823,9 @@ func (p *Proxy) rewriteUpdate(line []byte, params json.RawMessage) []byte {
 		(kind != "tool_call" && kind != "tool_call_update") || callID == "" {
 		return nil
 	}
+	// Also from an update without content: an agent may name its own
+	// terminal in a tool call first and show it in a later update.
+	p.noteAgentTerminals(n.SessionID, n.Update["_meta"])
 	raw, ok := n.Update["content"]
 	if !ok || string(raw) == "null" {
 		return nil // a status change: the content, and its refreshes, stay
@@ -835,7 +839,6 @@ func (p *Proxy) rewriteUpdate(line []byte, params json.RawMessage) []byte {
 	w := p.textWatches[key]
 	metaMode := p.editorMeta
 	p.mu.Unlock()
-	p.noteAgentTerminals(n.SessionID, n.Update["_meta"])
 	// Only sandboxd's terminals are rewritten, and any other the editor
 	// cannot know of. Those the agent runs itself (claude-agent-acp's
 	// Bash) and names in its own _meta, which the editor renders, go on
@@ -1201,8 +1204,15 @@ func (w *watch) refresh(final bool) (bool, error) {
 	}
 	update := toolCallUpdate{SessionUpdate: "tool_call_update", ToolCallID: w.toolCallID}
 	if w.term != nil {
-		data, next := w.term.Buffer().Since(w.sent)
+		data, next, dropped := w.term.Buffer().Since(w.sent)
 		w.sent = next
+		if dropped > 0 {
+			// The command wrote more between two refreshes than its
+			// outputByteLimit keeps: the person watching is told what
+			// is missing, and the head of a character held back last
+			// time has lost its rest.
+			w.tail = fmt.Appendf(nil, "\r\n[sandboxd: %d bytes of output not shown]\r\n", dropped+int64(len(w.tail)))
+		}
 		data = append(w.tail, data...)
 		w.tail = nil
 		if !final {

@@ -254,6 +254,9 @@ func TestWrapRewriteInitialize(t *testing.T) {
 	}{
 		{"no capabilities", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}`, `{"terminal":true}`, false},
 		{"null capabilities", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":null}}`, `{"terminal":true}`, false},
+		{"capabilities an array", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":[]}}`, `{"terminal":true}`, false},
+		{"capabilities a number", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":5}}`, `{"terminal":true}`, false},
+		{"no capabilities", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}`, `{"terminal":true}`, false},
 		{"terminal false", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{"terminal":false,"fs":{"readTextFile":true}}}}`, `{"fs":{"readTextFile":true},"terminal":true}`, false},
 		{"zed meta", `{"jsonrpc":"2.0","id":"a","method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{"_meta":{"terminal_output":true,"x":[1]}},"_meta":{"k":"<v&>"}}}`, `{"_meta":{"terminal_output":true,"x":[1]},"terminal":true}`, true},
 		{"meta without terminal_output", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{"_meta":{"terminal-auth":true}}}}`, `{"_meta":{"terminal-auth":true},"terminal":true}`, false},
@@ -323,6 +326,26 @@ func TestWrapRewriteUpdate(t *testing.T) {
 				t.Errorf("got  %s\nwant %s", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestWrapAgentTerminalNamedBeforeItIsShown: an agent that names its own
+// terminal in a tool call without content and shows it in a later update
+// has that update forwarded as it wrote it, not turned into a note.
+func TestWrapAgentTerminalNamedBeforeItIsShown(t *testing.T) {
+	p := NewProxy(NewTerminals(nil, "test", "/", sandbox.SessionSpec{}), pipeConn{}, pipeConn{Writer: io.Discard}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	for _, line := range []string{
+		`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c1","title":"ls","_meta":{"terminal_info":{"terminal_id":"own1"}}}}}`,
+		`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call_update","toolCallId":"c1","content":[{"type":"terminal","terminalId":"own1"}]}}}`,
+	} {
+		var m message
+		json.Unmarshal([]byte(line), &m)
+		p.updates.Lock()
+		got := p.rewriteUpdate([]byte(line), m.Params)
+		p.updates.Unlock()
+		if got != nil {
+			t.Errorf("%s\nrewritten to %s", line, got)
+		}
 	}
 }
 
@@ -753,5 +776,38 @@ func TestWrapProxyFirstRefreshWaits(t *testing.T) {
 	close(e.output)
 	if got := recv(t, pp.editor); !strings.Contains(got, `[exit code 0]`) {
 		t.Errorf("editor got %q, want the output with the exit code", got)
+	}
+}
+
+// TestWrapProxyMarksOutputItCouldNotShow: an editor that renders terminal
+// _meta is told how much output went by between two refreshes that the
+// terminal's outputByteLimit did not keep, instead of losing it silently.
+func TestWrapProxyMarksOutputItCouldNotShow(t *testing.T) {
+	e := newFakeEngine(t)
+	pp := startProxyWith(t, e.m)
+	pp.p.mu.Lock()
+	pp.p.editorMeta = true
+	pp.p.mu.Unlock()
+	pp.newSession(t, "s")
+	send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","id":2,"method":"terminal/create","params":{"sessionId":"s","command":"make","outputByteLimit":4}}`+"\n")
+	var created struct {
+		Result CreateTerminalResponse `json:"result"`
+	}
+	if line := recv(t, pp.agent); json.Unmarshal([]byte(line), &created) != nil || created.Result.TerminalID == "" {
+		t.Fatalf("terminal/create answered %q", line)
+	}
+	id := created.Result.TerminalID
+	send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c","content":[{"type":"terminal","terminalId":"`+id+`"}]}}}`+"\n")
+	if got := recv(t, pp.editor); !strings.Contains(got, `"terminal_info"`) {
+		t.Fatalf("editor got %q, want the tool call with terminal_info", got)
+	}
+	e.output <- []byte("0123456789")
+	want := `"data":"\r\n[sandboxd: 6 bytes of output not shown]\r\n6789"`
+	if got := recv(t, pp.editor); !strings.Contains(got, want) {
+		t.Errorf("editor got %q, want terminal_output with %s", got, want)
+	}
+	close(e.output)
+	if got := recv(t, pp.editor); !strings.Contains(got, `"terminal_exit"`) {
+		t.Errorf("editor got %q, want terminal_exit", got)
 	}
 }

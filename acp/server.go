@@ -266,11 +266,18 @@ func (s *LineStream) ReadObject(v any) error {
 		// The id, as the peer wrote it, decides what the JSON-RPC
 		// library can be given.
 		var head struct {
-			ID     json.RawMessage `json:"id"`
-			Method *string         `json:"method"`
+			JSONRPC *string         `json:"jsonrpc"`
+			ID      json.RawMessage `json:"id"`
+			Method  *string         `json:"method"`
 		}
 		json.Unmarshal(line, &head) // a message that is no object fails below
 		id := head.ID
+		if line[0] == '{' && (head.JSONRPC == nil || *head.JSONRPC != "2.0") {
+			// The library ignores the member; JSON-RPC 2.0 says it must
+			// be there and be exactly "2.0".
+			s.replyError(id, CodeInvalidRequest, `invalid request: "jsonrpc" must be "2.0"`)
+			continue
+		}
 		if head.Method != nil && string(id) == "null" {
 			// The library takes it for a notification and would answer
 			// nothing; the peer would wait for ever.

@@ -100,6 +100,9 @@ func TestLineStreamSurvivesBadLines(t *testing.T) {
 		{"not JSON", `hello`, CodeParseError},
 		{"JSON but not a message", `{"jsonrpc":"2.0","id":5}`, CodeInvalidRequest},
 		{"unknown method", `{"jsonrpc":"2.0","id":6,"method":"nope","params":{}}`, CodeMethodNotFound},
+		{"no jsonrpc member", `{"id":8,"method":"echo","params":{}}`, CodeInvalidRequest},
+		{"jsonrpc 1.0", `{"jsonrpc":"1.0","id":9,"method":"echo","params":{}}`, CodeInvalidRequest},
+		{"jsonrpc a number", `{"jsonrpc":2.0,"id":10,"method":"echo","params":{}}`, CodeInvalidRequest},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -212,6 +212,40 @@ max_output_memory = "2MiB"
 	}
 }
 
+// TestReleasedButRunningStillCounts: a command that drops the marker the
+// kill finds processes by outlives its release; its output buffer, which
+// it can still fill, counts against server.max_output_memory until it
+// ends, so releasing such commands over and over cannot grow sandboxd's
+// memory without bound.
+func TestReleasedButRunningStillCounts(t *testing.T) {
+	ws := workspace(t)
+	srv := startServeWithConfig(t, ws, `
+[terminal]
+max_output_byte_limit = "1MiB"
+kill_grace = "0s"
+[server]
+max_output_memory = "2MiB"
+`)
+	a := srv.agent()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	mib := 1 << 20
+	c, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: "one", Command: "exec env -u SANDBOXD_TERMINAL sleep 300", OutputByteLimit: &mib})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.ReleaseTerminal(ctx, acpsdk.ReleaseTerminalRequest{SessionId: "one", TerminalId: c.TerminalId}); err == nil {
+		t.Error("release of a command the kill cannot reach reported success")
+	}
+	if _, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: "one", Command: "sleep 300", OutputByteLimit: &mib}); err != nil {
+		t.Fatalf("a second 1 MiB buffer: %v", err)
+	}
+	_, err = a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: "one", Command: "true", OutputByteLimit: &mib})
+	if rpcCode(err) != -32603 || !strings.Contains(rpcMessage(err), "server.max_output_memory") {
+		t.Errorf("a third 1 MiB buffer, one of them released but running: err = %v, want -32603 naming server.max_output_memory", err)
+	}
+}
+
 func TestKilledSessionReportsSIGKILL(t *testing.T) {
 	ws := workspace(t)
 	srv := startServe(t, ws)

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -367,6 +368,29 @@ func TestSymlinkInWorkspaceReachesNoHostDirectory(t *testing.T) {
 	// container: nowhere.
 	if out, _ := sh(t, ctx, a, "first", "cat "+link+"/secret 2>/dev/null; echo done"); out != "done\n" {
 		t.Errorf("the first session reads through the link: %q", out)
+	}
+}
+
+// TestFilesystemsBelowTheWorkspaceStayOut: a filesystem mounted inside
+// the workspace on the host (a chroot's /proc, say) was never checked, so
+// the container sees only the directory it is mounted on. Mounting takes
+// root, which CI has.
+func TestFilesystemsBelowTheWorkspaceStayOut(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a filesystem below the workspace takes root")
+	}
+	ws := workspace(t)
+	below := subdir(t, ws, "proc")
+	if out, err := exec.Command("mount", "-t", "proc", "proc", below).CombinedOutput(); err != nil {
+		t.Fatalf("mount proc at %s: %v: %s", below, err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", below).Run() })
+	srv := startServe(t, ws)
+	a := srv.agent()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if out, st := sh(t, ctx, a, "s", "ls -A "+below+"; echo listed"); out != "listed\n" {
+		t.Errorf("the host's /proc mounted below the workspace shows in the container: %q (%s)", out, exitCode(st))
 	}
 }
 

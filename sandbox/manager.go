@@ -69,7 +69,7 @@ func (m *Manager) reserveOutput(session string, n int) error {
 	defer m.mu.Unlock()
 	max := int64(m.cfg.Server.MaxOutputMemory)
 	if m.outputBytes+int64(n) > max {
-		return fmt.Errorf("session %s: %w: the output buffers of unreleased terminals would hold more than %s (server.max_output_memory); release some, or ask for a smaller outputByteLimit", session, ErrLimit, ByteSize(max))
+		return fmt.Errorf("session %s: %w: the output buffers of terminals not released, or released but still running, would hold more than %s (server.max_output_memory); release some, or ask for a smaller outputByteLimit", session, ErrLimit, ByteSize(max))
 	}
 	m.outputBytes += int64(n)
 	return nil

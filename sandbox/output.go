@@ -96,6 +96,9 @@ func (b *OutputBuffer) Head() []byte {
 	return append([]byte(nil), b.head...)
 }
 
+// Limit returns how many bytes the buffer keeps.
+func (b *OutputBuffer) Limit() int { return b.limit }
+
 // Held returns the bytes of memory the buffer holds.
 func (b *OutputBuffer) Held() int {
 	b.mu.Lock()
@@ -120,16 +123,19 @@ func (b *OutputBuffer) Snapshot() (out []byte, truncated bool) {
 }
 
 // Since returns what was written after the first offset bytes, as far as
-// the buffer still holds it, and the offset to ask from next time. Watchers
-// that stream output use it to send only what is new.
-func (b *OutputBuffer) Since(offset int64) (data []byte, next int64) {
+// the buffer still holds it, the offset to ask from next time, and how many
+// bytes after offset it no longer holds. Watchers that stream output use it
+// to send only what is new. After a gap the data starts at a character, so
+// that it never opens with the tail of one whose head is gone.
+func (b *OutputBuffer) Since(offset int64) (data []byte, next, dropped int64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	n := b.total - offset
 	if n <= 0 {
-		return nil, b.total
+		return nil, b.total, 0
 	}
 	held := int64(len(b.buf))
+	dropped = max(n-held, 0)
 	n = min(n, held)
 	data = make([]byte, n)
 	// The newest n bytes end just before start (ring full) or at len(buf).
@@ -144,7 +150,12 @@ func (b *OutputBuffer) Since(offset int64) (data []byte, next int64) {
 		k := copy(data, b.buf[int64(len(b.buf))+from:])
 		copy(data[k:], b.buf[:end])
 	}
-	return data, b.total
+	if dropped > 0 {
+		cut := cutToRuneStart(data)
+		dropped += int64(len(data) - len(cut))
+		data = cut
+	}
+	return data, b.total, dropped
 }
 
 // Total returns the number of bytes ever written.
@@ -169,6 +180,9 @@ func cutToRuneStart(p []byte) []byte {
 		if utf8.RuneStart(p[i]) {
 			return p[i:]
 		}
+	}
+	if len(p) < utf8.UTFMax {
+		return p[len(p):] // all of it the tail of one character
 	}
 	return p
 }

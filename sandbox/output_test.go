@@ -3,6 +3,7 @@ package sandbox
 import (
 	"bytes"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -30,6 +31,10 @@ func TestOutputBuffer(t *testing.T) {
 		{"cut lands inside a 3-byte rune", 5, []string{"✓✓"}, "✓", true},
 		{"cut lands inside a 4-byte rune", 6, []string{"x😀y😀"}, "y😀", true},
 		{"cut on a boundary keeps the rune", 4, []string{"ab", "✓x"}, "✓x", true},
+		// A limit smaller than the character: nothing of it is kept.
+		{"limit 1 inside a 2-byte rune", 1, []string{"é"}, "", true},
+		{"limit 2 inside a 3-byte rune", 2, []string{"€"}, "", true},
+		{"limit 3 inside a 4-byte rune", 3, []string{"😀"}, "", true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -139,25 +144,32 @@ func TestOutputBufferSince(t *testing.T) {
 	var all []byte
 	var next int64
 	var got []byte
-	for i, w := range []string{"ab", "cdef", "", "ghijklmnop", "q", "rstuvwxyz0123"} {
+	var drops []int64
+	for i, w := range []string{"ab", "cdef", "", "ghijklmnop", "q", "rstuvwxyz0123", "✓✓✓✓"} {
 		b.Write([]byte(w))
 		all = append(all, w...)
-		d, n := b.Since(next)
+		d, n, dropped := b.Since(next)
 		got = append(got, d...)
+		drops = append(drops, dropped)
 		next = n
 		if next != int64(len(all)) {
 			t.Fatalf("step %d: next = %d, want %d", i, next, len(all))
 		}
 	}
-	// What the buffer still held at each read arrives, in order.
-	if want := "ab" + "cdef" + "ijklmnop" + "q" + "wxyz0123"; string(got) != want {
+	// What the buffer still held at each read arrives, in order, and
+	// what it no longer held is counted; after a gap the data starts at
+	// a character (the second ✓ lost its head).
+	if want := "ab" + "cdef" + "ijklmnop" + "q" + "wxyz0123" + "✓✓"; string(got) != want {
 		t.Errorf("Since stream = %q, want %q", got, want)
 	}
-	if d, n := b.Since(next); len(d) != 0 || n != next {
-		t.Errorf("Since(now) = %q, %d", d, n)
+	if want := []int64{0, 0, 0, 2, 0, 5, 6}; !slices.Equal(drops, want) {
+		t.Errorf("dropped = %v, want %v", drops, want)
 	}
-	if d, _ := b.Since(0); string(d) != string(all[len(all)-8:]) {
-		t.Errorf("Since(0) after wrap = %q", d)
+	if d, n, dropped := b.Since(next); len(d) != 0 || n != next || dropped != 0 {
+		t.Errorf("Since(now) = %q, %d, %d", d, n, dropped)
+	}
+	if d, _, _ := b.Since(int64(len(all)) - 3); string(d) != "✓" {
+		t.Errorf("Since(the last character) = %q", d)
 	}
 }
 
@@ -198,8 +210,41 @@ func TestOutputHoldsBackAHalfCharacter(t *testing.T) {
 	code := 0
 	term.status = ExitStatus{ExitCode: &code}
 	close(term.done)
-	if out, _, st := term.Output(); string(out) != "café\xe2\x9c" || st == nil {
-		t.Errorf("exited: %q, %v; want all it wrote", out, st)
+	if out, _, st := term.Output(); string(out) != "café\ufffd" || st == nil {
+		t.Errorf("exited: %q, %v; want all it wrote, the half character as U+FFFD", out, st)
+	}
+}
+
+// TestOutputOfBadBytesStaysWithinTheLimit: bytes that are no part of a
+// character are shown as U+FFFD, and the text still holds no more bytes
+// than the limit.
+func TestOutputOfBadBytesStaysWithinTheLimit(t *testing.T) {
+	tests := []struct {
+		name      string
+		limit     int
+		write     string
+		want      string
+		truncated bool
+	}{
+		{"valid text as it is", 8, "abc", "abc", false},
+		{"one bad byte", 8, "a\xffb", "a\ufffdb", false},
+		{"a run of bad bytes is one character", 8, "\xff\xff\xff\xff\xff", "\ufffd", false},
+		{"bad bytes that would outgrow the limit", 5, "\xffa\xffb\xff", "b\ufffd", true},
+		{"the limit cuts into the replacement", 4, "ab\xffcd", "cd", true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			term := &Terminal{out: NewOutputBuffer(tc.limit), done: make(chan struct{})}
+			term.out.Write([]byte(tc.write))
+			close(term.done)
+			out, truncated, _ := term.Output()
+			if string(out) != tc.want || truncated != tc.truncated {
+				t.Errorf("Output() = %q, %v; want %q, %v", out, truncated, tc.want, tc.truncated)
+			}
+			if !utf8.Valid(out) || len(out) > tc.limit {
+				t.Errorf("%q: not valid UTF-8 within %d bytes", out, tc.limit)
+			}
+		})
 	}
 }
 

@@ -500,13 +500,19 @@ scratch:
 		// executable anyway, so noexec would protect nothing.
 		tmpfs[p] = fmt.Sprintf("rw,exec,nosuid,nodev,size=%d,mode=1777", int64(c.ScratchSize))
 	}
-	mode := func(m string) bool { return m == "ro" }
+	// Not recursive: a filesystem mounted somewhere below a directory
+	// (a chroot's /proc, a loop device, another bind) was never checked,
+	// and the engine's read-only would not reach it.
+	bindMount := func(source, target, mode string) mount.Mount {
+		return mount.Mount{Type: mount.TypeBind, Source: source, Target: target, ReadOnly: mode == "ro",
+			BindOptions: &mount.BindOptions{NonRecursive: true}}
+	}
 	var mounts []mount.Mount
 	for _, b := range binds {
-		mounts = append(mounts, mount.Mount{Type: mount.TypeBind, Source: b.source, Target: b.target, ReadOnly: mode(c.WorkspaceMode)})
+		mounts = append(mounts, bindMount(b.source, b.target, c.WorkspaceMode))
 	}
 	for _, mt := range c.Mounts {
-		mounts = append(mounts, mount.Mount{Type: mount.TypeBind, Source: mt.Source, Target: mt.Target, ReadOnly: mode(mt.Mode)})
+		mounts = append(mounts, bindMount(mt.Source, mt.Target, mt.Mode))
 	}
 	var secOpt []string
 	if c.NoNewPrivileges {
@@ -618,14 +624,14 @@ func (s *Session) Close(ctx context.Context) error {
 			s.sweepTimer.Stop()
 		}
 		terms := make([]*Terminal, 0, len(s.terminals))
-		reserved := 0
 		for _, t := range s.terminals {
 			terms = append(terms, t)
-			reserved += t.reserved
 		}
 		s.terminals = map[string]*Terminal{}
 		s.mu.Unlock()
-		s.m.releaseOutput(reserved)
+		for _, t := range terms {
+			t.unhold()
+		}
 		// Removing the container kills every process in it at once; no
 		// per-terminal kill is needed.
 		for _, t := range terms {

@@ -9,8 +9,10 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/moby/moby/api/pkg/stdcopy"
 	"github.com/moby/moby/client"
@@ -69,8 +71,11 @@ type Terminal struct {
 	conn    client.HijackedResponse
 
 	// reserved is what the output buffer counts against
-	// server.max_output_memory until the terminal leaves its session.
+	// server.max_output_memory until the terminal has left its session
+	// and its command has ended: a released command that outlives its
+	// kill still fills the buffer. holds counts which of the two is left.
 	reserved int
+	holds    atomic.Int32
 
 	done   chan struct{} // closed once status is set
 	status ExitStatus
@@ -221,6 +226,7 @@ func (s *Session) Start(ctx context.Context, c Command) (*Terminal, error) {
 		return nil, fmt.Errorf("session %s: %w: %d terminals are open (terminal.max_terminals); release some", s.ID, ErrLimit, max)
 	}
 	t := &Terminal{ID: id, session: s, cmd: c, out: NewOutputBuffer(limit), done: make(chan struct{}), reserved: limit}
+	t.holds.Store(2) // its place in the session, and its command
 	// Reserve the slot so concurrent creates respect the maximum.
 	s.terminals[id] = t
 	s.lastUsed = time.Now()
@@ -228,13 +234,14 @@ func (s *Session) Start(ctx context.Context, c Command) (*Terminal, error) {
 
 	if err := t.start(ctx, cwd); err != nil {
 		s.forgetTerminal(t)
+		t.unhold() // no command runs
 		return nil, err
 	}
 	return t, nil
 }
 
-// forgetTerminal removes t from the session, once, and gives back its
-// output reservation; it reports whether t was there.
+// forgetTerminal removes t from the session, once; it reports whether t
+// was there.
 func (s *Session) forgetTerminal(t *Terminal) bool {
 	s.mu.Lock()
 	there := s.terminals[t.ID] == t
@@ -243,9 +250,17 @@ func (s *Session) forgetTerminal(t *Terminal) bool {
 	}
 	s.mu.Unlock()
 	if there {
-		s.m.releaseOutput(t.reserved)
+		t.unhold()
 	}
 	return there
+}
+
+// unhold gives up one of what keeps the output reservation; the last
+// gives it back.
+func (t *Terminal) unhold() {
+	if t.holds.Add(-1) == 0 {
+		t.session.m.releaseOutput(t.reserved)
+	}
 }
 
 func (t *Terminal) start(ctx context.Context, cwd string) error {
@@ -420,6 +435,9 @@ func (t *Terminal) wasSent(sig syscall.Signal) bool {
 
 func (t *Terminal) finish(st ExitStatus) {
 	t.status = st
+	// Before done: whoever sees the command end may count on its
+	// buffer being free once it is released.
+	t.unhold()
 	close(t.done)
 }
 
@@ -437,7 +455,9 @@ func (t *Terminal) Exited() bool {
 }
 
 // Output returns the retained output, whether any was dropped, and the exit
-// status once the command has exited. It never waits.
+// status once the command has exited. It never waits. The output is text
+// as ACP sends it: valid UTF-8, bytes that are no part of a character
+// shown as U+FFFD, and still within the buffer's limit.
 func (t *Terminal) Output() (out []byte, truncated bool, status *ExitStatus) {
 	// Read the status before the output: once done is closed the output is
 	// final, so a status never comes with output that is still growing.
@@ -451,6 +471,14 @@ func (t *Terminal) Output() (out []byte, truncated bool, status *ExitStatus) {
 		// its way: shown now it would be U+FFFD, and a different text
 		// next time.
 		out = out[:len(out)-IncompleteTail(out)]
+	}
+	if !utf8.Valid(out) {
+		// JSON would turn each bad byte into three: the replacement is
+		// made here, and the text cut again to the limit.
+		out = []byte(strings.ToValidUTF8(string(out), string(utf8.RuneError)))
+		if limit := t.out.Limit(); len(out) > limit {
+			out, truncated = cutToRuneStart(out[len(out)-limit:]), true
+		}
 	}
 	return out, truncated, status
 }
