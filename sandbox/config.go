@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -231,7 +232,7 @@ func LoadConfig(defaults, file string, hostCPUs int) (Config, error) {
 		cfg.Session.Max.CPUs = min(cfg.Session.Max.CPUs, CPUs(hostCPUs))
 	}
 	if file == "" {
-		return cfg, cfg.validate("sandbox.toml (embedded default)", defaults, hostCPUs)
+		return validated(cfg, "sandbox.toml (embedded default)", defaults, hostCPUs)
 	}
 	text, err := os.ReadFile(file)
 	if err != nil {
@@ -244,7 +245,25 @@ func LoadConfig(defaults, file string, hostCPUs int) (Config, error) {
 		// "/srv/proj/" must hold "/srv/proj" itself.
 		cfg.Session.Workspace = filepath.Clean(cfg.Session.Workspace)
 	}
-	return cfg, cfg.validate(file, string(text), hostCPUs)
+	return validated(cfg, file, string(text), hostCPUs)
+}
+
+// validated checks cfg and then cleans its paths: the checks quote them
+// as written, the engine gets them clean ("/tmp/" a tmpfs at /tmp).
+func validated(cfg Config, file, text string, hostCPUs int) (Config, error) {
+	if err := cfg.validate(file, text, hostCPUs); err != nil {
+		return Config{}, err
+	}
+	s := &cfg.Session
+	s.Scratch = slices.Clone(s.Scratch)
+	for i, p := range s.Scratch {
+		s.Scratch[i] = filepath.Clean(p)
+	}
+	s.Mounts = slices.Clone(s.Mounts)
+	for i := range s.Mounts {
+		s.Mounts[i].Target = filepath.Clean(s.Mounts[i].Target)
+	}
+	return cfg, nil
 }
 
 func decodeConfig(cfg *Config, file, text string) error {
@@ -282,8 +301,8 @@ func (c Config) validate(file, text string, hostCPUs int) error {
 		return &ConfigError{File: file, Line: keyLine(text, key), Key: key, Err: fmt.Errorf(format, args...)}
 	}
 	s := c.Session
-	if s.Image == "" {
-		return bad("session.image", "must not be empty")
+	if strings.TrimSpace(s.Image) == "" {
+		return bad("session.image", "must name an image, not be empty or blank")
 	}
 	if err := s.Limits().Validate(hostCPUs); err != nil {
 		return bad("session."+limitField(err), "%v", err)
@@ -312,13 +331,18 @@ func (c Config) validate(file, text string, hostCPUs int) error {
 		}
 		uid, gid, _ := strings.Cut(key.v, ":")
 		u, uerr := strconv.ParseUint(uid, 10, 32)
-		_, gerr := strconv.ParseUint(gid, 10, 32)
+		g, gerr := strconv.ParseUint(gid, 10, 32)
 		if uerr != nil || gerr != nil {
 			return bad(key.name, "%q: uid and gid must each be below 2^32", key.v)
 		}
 		// Checked as a number: "00:0" is root too.
 		if u == 0 {
 			return bad(key.name, "uid 0 (root) is never used inside a sandbox")
+		}
+		// Root's group may write what root owns group-writable, in the
+		// workspace and the mounts.
+		if g == 0 {
+			return bad(key.name, "gid 0 (root's group) is never used inside a sandbox")
 		}
 	}
 	if s.Workspace != "" && !filepath.IsAbs(s.Workspace) {
@@ -327,20 +351,21 @@ func (c Config) validate(file, text string, hostCPUs int) error {
 	if s.WorkspaceMode != "rw" && s.WorkspaceMode != "ro" {
 		return bad("session.workspace_mode", "%q must be \"rw\" or \"ro\"", s.WorkspaceMode)
 	}
-	for _, p := range s.Scratch {
-		if !filepath.IsAbs(p) || filepath.Clean(p) == "/" {
-			return bad("session.scratch", "%q must be an absolute path other than /", p)
-		}
+	if err := validateScratch(s.Scratch); err != nil {
+		return bad("session.scratch", "%v", err)
 	}
-	for _, m := range s.Mounts {
-		if !filepath.IsAbs(m.Source) || !filepath.IsAbs(m.Target) {
-			return bad("session.mounts", "source and target must be absolute paths, got %q -> %q", m.Source, m.Target)
-		}
-		if m.Mode != "ro" && m.Mode != "rw" && m.Mode != "" {
-			return bad("session.mounts", "mode %q must be \"rw\" or \"ro\"", m.Mode)
+	if err := validateMounts(s.Mounts, s.Scratch); err != nil {
+		return bad("session.mounts", "%v", err)
+	}
+	for _, name := range s.CapDrop {
+		if !isCapability(name) {
+			return bad("session.cap_drop", "%q is not a Linux capability (e.g. \"NET_RAW\" or \"CAP_NET_RAW\"), nor \"ALL\"", name)
 		}
 	}
 	t := c.Terminal
+	if time.Duration(t.KillGrace) > maxKillGrace {
+		return bad("terminal.kill_grace", "%s is above the maximum of %s", time.Duration(t.KillGrace), maxKillGrace)
+	}
 	if t.OutputByteLimit > t.MaxOutputByteLimit {
 		return bad("terminal.output_byte_limit", "%s is above max_output_byte_limit %s", t.OutputByteLimit, t.MaxOutputByteLimit)
 	}
@@ -351,6 +376,73 @@ func (c Config) validate(file, text string, hostCPUs int) error {
 		return bad("server.max_output_memory", "%s is below terminal.max_output_byte_limit %s", c.Server.MaxOutputMemory, t.MaxOutputByteLimit)
 	}
 	return nil
+}
+
+// maxKillGrace bounds how long a kill, and so a shutdown, waits for a
+// command to end after SIGTERM.
+const maxKillGrace = 5 * time.Minute
+
+// validateScratch refuses scratch paths the engine would mount twice, or
+// over what the container itself needs (/, and the /proc, /sys and /dev
+// the engine provides).
+func validateScratch(paths []string) error {
+	seen := make(map[string]string, len(paths))
+	for _, p := range paths {
+		clean := filepath.Clean(p)
+		if !filepath.IsAbs(p) || clean == "/" {
+			return fmt.Errorf("%q must be an absolute path other than /", p)
+		}
+		for _, sys := range []string{"/proc", "/sys", "/dev"} {
+			if Within(sys, clean) {
+				return fmt.Errorf("%q is under %s, which the engine provides", p, sys)
+			}
+		}
+		if first, ok := seen[clean]; ok {
+			return fmt.Errorf("%q and %q are the same path", first, p)
+		}
+		seen[clean] = p
+	}
+	return nil
+}
+
+// validateMounts refuses mounts that are not absolute, would hide the
+// container's root, or land on a scratch path's tmpfs.
+func validateMounts(mounts []Mount, scratch []string) error {
+	for _, m := range mounts {
+		if !filepath.IsAbs(m.Source) || !filepath.IsAbs(m.Target) {
+			return fmt.Errorf("source and target must be absolute paths, got %q -> %q", m.Source, m.Target)
+		}
+		target := filepath.Clean(m.Target)
+		if target == "/" {
+			return fmt.Errorf("target of %q must not be /, the container's root", m.Source)
+		}
+		for _, p := range scratch {
+			if filepath.Clean(p) == target {
+				return fmt.Errorf("target %q is also a scratch path (session.scratch): drop it from one of them", m.Target)
+			}
+		}
+		if m.Mode != "ro" && m.Mode != "rw" && m.Mode != "" {
+			return fmt.Errorf("mode %q must be \"rw\" or \"ro\"", m.Mode)
+		}
+	}
+	return nil
+}
+
+// isCapability accepts what the engine does: "ALL", or a Linux capability
+// name (up to Linux 6.x) in any case, with or without "CAP_".
+func isCapability(name string) bool {
+	known := []string{
+		"CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL",
+		"SETGID", "SETUID", "SETPCAP", "LINUX_IMMUTABLE", "NET_BIND_SERVICE",
+		"NET_BROADCAST", "NET_ADMIN", "NET_RAW", "IPC_LOCK", "IPC_OWNER",
+		"SYS_MODULE", "SYS_RAWIO", "SYS_CHROOT", "SYS_PTRACE", "SYS_PACCT",
+		"SYS_ADMIN", "SYS_BOOT", "SYS_NICE", "SYS_RESOURCE", "SYS_TIME",
+		"SYS_TTY_CONFIG", "MKNOD", "LEASE", "AUDIT_WRITE", "AUDIT_CONTROL",
+		"SETFCAP", "MAC_OVERRIDE", "MAC_ADMIN", "SYSLOG", "WAKE_ALARM",
+		"BLOCK_SUSPEND", "AUDIT_READ", "PERFMON", "BPF", "CHECKPOINT_RESTORE",
+	}
+	n := strings.ToUpper(name)
+	return n == "ALL" || slices.Contains(known, strings.TrimPrefix(n, "CAP_"))
 }
 
 // limitField names the limits field an error from package limits is about.

@@ -55,6 +55,7 @@ func TestConfigOverridesAndErrors(t *testing.T) {
 		text    string
 		hostCPU int
 		wantErr string // "" means it loads
+		msg     string // in the error too, when set
 		check   func(t *testing.T, c Config)
 	}{
 		{name: "numbers and strings both work", text: "[session]\ncpus = 1.5\nmemory = 536870912\npids = \"128\"\n", hostCPU: 2,
@@ -105,6 +106,43 @@ func TestConfigOverridesAndErrors(t *testing.T) {
 		{name: "output memory below one terminal's", text: "[server]\nmax_output_memory = \"8MiB\"\n", hostCPU: 2, wantErr: ":2: server.max_output_memory"},
 		{name: "wrong type", text: "[session]\nimage = 5\n", hostCPU: 2, wantErr: ":2: session.image"},
 		{name: "syntax error", text: "[session\n", hostCPU: 2, wantErr: ":2"},
+		{name: "root group", text: "[session]\nuser = \"1000:0\"\n", hostCPU: 2, wantErr: ":2: session.user", msg: "gid 0 (root's group)"},
+		{name: "root group with leading zeros", text: "[session]\nfallback_user = \"65534:00\"\n", hostCPU: 2, wantErr: ":2: session.fallback_user", msg: "gid 0"},
+		{name: "blank image", text: "[session]\nimage = \" \\t\"\n", hostCPU: 2, wantErr: ":2: session.image", msg: "blank"},
+		{name: "scratch twice", text: "[session]\nscratch = [\"/tmp\", \"/tmp/\"]\n", hostCPU: 2, wantErr: ":2: session.scratch", msg: `"/tmp" and "/tmp/" are the same path`},
+		{name: "scratch at root, written long", text: "[session]\nscratch = [\"/tmp/..\"]\n", hostCPU: 2, wantErr: ":2: session.scratch"},
+		{name: "scratch in proc", text: "[session]\nscratch = [\"/proc/x\"]\n", hostCPU: 2, wantErr: ":2: session.scratch", msg: "under /proc"},
+		{name: "scratch at sys", text: "[session]\nscratch = [\"/sys/\"]\n", hostCPU: 2, wantErr: ":2: session.scratch", msg: "under /sys"},
+		{name: "scratch in dev", text: "[session]\nscratch = [\"/dev/shm\"]\n", hostCPU: 2, wantErr: ":2: session.scratch", msg: "under /dev"},
+		{name: "scratch paths cleaned", text: "[session]\nscratch = [\"/tmp/\", \"/procfs\", \"/srv//x\"]\n", hostCPU: 2,
+			check: func(t *testing.T, c Config) {
+				if want := []string{"/tmp", "/procfs", "/srv/x"}; !slices.Equal(c.Session.Scratch, want) {
+					t.Errorf("scratch = %q, want %q", c.Session.Scratch, want)
+				}
+			}},
+		{name: "mount at root", text: "[session]\nmounts = [{ source = \"/opt\", target = \"/\" }]\n", hostCPU: 2, wantErr: ":2: session.mounts", msg: "must not be /"},
+		{name: "mount on a scratch path", text: "[session]\nmounts = [{ source = \"/opt\", target = \"/tmp/\" }]\n", hostCPU: 2, wantErr: ":2: session.mounts", msg: "also a scratch path"},
+		{name: "mount below a scratch path", text: "[session]\nmounts = [{ source = \"/opt/tools\", target = \"/home/tools/\", mode = \"ro\" }]\n", hostCPU: 2,
+			check: func(t *testing.T, c Config) {
+				if got := c.Session.Mounts[0].Target; got != "/home/tools" {
+					t.Errorf("target = %q, want it cleaned", got)
+				}
+			}},
+		{name: "kill grace at its maximum", text: "[terminal]\nkill_grace = \"5m\"\n", hostCPU: 2,
+			check: func(t *testing.T, c Config) {
+				if time.Duration(c.Terminal.KillGrace) != 5*time.Minute {
+					t.Errorf("kill grace = %v", time.Duration(c.Terminal.KillGrace))
+				}
+			}},
+		{name: "kill grace above its maximum", text: "[terminal]\nkill_grace = \"5m1s\"\n", hostCPU: 2, wantErr: ":2: terminal.kill_grace", msg: "above the maximum of 5m0s"},
+		{name: "capabilities as the engine takes them", text: "[session]\ncap_drop = [\"all\", \"NET_RAW\", \"cap_sys_admin\", \"CAP_CHECKPOINT_RESTORE\"]\n", hostCPU: 2,
+			check: func(t *testing.T, c Config) {
+				if len(c.Session.CapDrop) != 4 {
+					t.Errorf("cap_drop = %q", c.Session.CapDrop)
+				}
+			}},
+		{name: "unknown capability", text: "[session]\ncap_drop = [\"NET_RAW\", \"NET_RAWR\"]\n", hostCPU: 2, wantErr: ":2: session.cap_drop", msg: `"NET_RAWR" is not a Linux capability`},
+		{name: "capability prefix alone", text: "[session]\ncap_drop = [\"CAP_\"]\n", hostCPU: 2, wantErr: ":2: session.cap_drop"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -120,8 +158,8 @@ func TestConfigOverridesAndErrors(t *testing.T) {
 				tc.check(t, cfg)
 				return
 			}
-			if err == nil || !strings.Contains(err.Error(), file+tc.wantErr) {
-				t.Errorf("err = %v, want it to contain %q", err, file+tc.wantErr)
+			if err == nil || !strings.Contains(err.Error(), file+tc.wantErr) || !strings.Contains(err.Error(), tc.msg) {
+				t.Errorf("err = %v, want it to contain %q and %q", err, file+tc.wantErr, tc.msg)
 			}
 		})
 	}
@@ -380,5 +418,30 @@ func TestScratchGivesWayToTheWorkspace(t *testing.T) {
 				t.Errorf("workspace %s: tmpfs at %s = %v, want %v", tc.workspace, p, has, want)
 			}
 		}
+	}
+}
+
+func TestSessionUser(t *testing.T) {
+	c := SessionConfig{FallbackUser: "65534:65534"}
+	tests := []struct {
+		name       string
+		configured string
+		owner      *syscall.Stat_t
+		want       string
+	}{
+		{"configured", "1000:1000", &syscall.Stat_t{Uid: 1001, Gid: 1001}, "1000:1000"},
+		{"the workspace's owner", "", &syscall.Stat_t{Uid: 1001, Gid: 1002}, "1001:1002"},
+		{"root owns the workspace", "", &syscall.Stat_t{Uid: 0, Gid: 0}, "65534:65534"},
+		{"root's group owns it", "", &syscall.Stat_t{Uid: 1001, Gid: 0}, "1001:65534"},
+		{"no workspace", "", nil, "65534:65534"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := c
+			c.User = tc.configured
+			if got := sessionUser(c, tc.owner); got != tc.want {
+				t.Errorf("sessionUser = %q, want %q", got, tc.want)
+			}
+		})
 	}
 }

@@ -6,10 +6,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/moby/moby/client"
@@ -22,7 +24,15 @@ const (
 	LabelSession  = "io.sandboxd.session"
 	LabelHost     = "io.sandboxd.host"
 	LabelPid      = "io.sandboxd.pid"
+	// LabelBoot is the boot id of the host: a pid from another boot
+	// means nothing. Containers made before it existed lack it.
+	LabelBoot = "io.sandboxd.boot"
 )
+
+// lockDir is fixed rather than under os.TempDir: $TMPDIR differs between
+// users (libpam-tmpdir gives each their own), and one user's gc must see
+// that another user's instance is alive.
+const lockDir = "/tmp/sandboxd-instances"
 
 // Instance is one running sandboxd process. It holds an exclusive lock on a
 // file named after its id for as long as it lives; the kernel drops the lock
@@ -31,49 +41,142 @@ const (
 type Instance struct {
 	ID   string
 	Host string
+	Boot string // "" when the host does not say
 	lock *os.File
 }
 
 // LockDir is where instances keep their liveness locks. It is shared by all
 // users of the host (sticky, like /tmp) so that one user's gc can see that
 // another user's instance is alive.
-func LockDir() string { return filepath.Join(os.TempDir(), "sandboxd-instances") }
+func LockDir() string { return lockDir }
 
 // NewInstance creates an instance identity and takes its liveness lock.
-func NewInstance() (*Instance, error) {
+func NewInstance() (*Instance, error) { return newInstance(LockDir()) }
+
+func newInstance(dir string) (*Instance, error) {
 	id, err := randomID(6)
 	if err != nil {
 		return nil, err
 	}
 	host, err := os.Hostname()
 	if err != nil {
-		return nil, fmt.Errorf("new instance: %w", err)
+		return nil, fmt.Errorf("new instance %s: %w", id, err)
 	}
-	dir := LockDir()
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("new instance: %w", err)
+	if err := createLockDir(dir); err != nil {
+		return nil, fmt.Errorf("new instance %s: %w", id, err)
 	}
-	// Best effort: the directory is shared between users.
-	_ = os.Chmod(dir, 0o1777|os.ModeSticky)
-	f, err := os.OpenFile(filepath.Join(dir, id+".lock"), os.O_CREATE|os.O_RDWR|os.O_EXCL, 0o644)
+	d, err := openLockDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("new instance %s: %w", id, err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+	defer d.Close()
+	// Created in the directory just checked, not by its name: no other
+	// directory put there meanwhile gets the lock.
+	name := filepath.Join(dir, id+".lock")
+	fd, err := syscall.Openat(int(d.Fd()), id+".lock", syscall.O_CREAT|syscall.O_EXCL|syscall.O_RDWR|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("new instance %s: create lock %s: %w", id, name, err)
+	}
+	f := os.NewFile(uintptr(fd), name)
+	if err := syscall.Flock(fd, syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		f.Close()
+		os.Remove(name)
 		return nil, fmt.Errorf("lock instance %s: %w", id, err)
 	}
-	return &Instance{ID: id, Host: host, lock: f}, nil
+	return &Instance{ID: id, Host: host, Boot: bootID(), lock: f}, nil
+}
+
+// createLockDir makes dir when it is missing, shared by every user (1777,
+// whatever the umask). It is private until the chmod, which no check
+// refuses.
+func createLockDir(dir string) error {
+	err := os.Mkdir(dir, 0o700)
+	if errors.Is(err, fs.ErrExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("create lock directory: %w", err)
+	}
+	if err := os.Chmod(dir, 0o777|os.ModeSticky); err != nil {
+		return fmt.Errorf("create lock directory: %w", err)
+	}
+	return nil
+}
+
+// openLockDir opens the lock directory without following a link and
+// refuses one whose lock files someone else could replace: a lock file
+// swapped for a free one makes a live instance's containers look dead.
+func openLockDir(dir string) (*os.File, error) {
+	d, err := os.OpenFile(dir, os.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW, 0)
+	if errors.Is(err, syscall.ELOOP) || errors.Is(err, syscall.ENOTDIR) {
+		// Linux says ENOTDIR for a link too: the message tells which.
+		what := "not a directory"
+		if fi, lerr := os.Lstat(dir); lerr == nil && fi.Mode()&os.ModeSymlink != 0 {
+			what = "a symbolic link, not a directory"
+		}
+		return nil, fmt.Errorf("lock directory %s is %s: remove it (rm %s) and start again", dir, what, dir)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open lock directory: %w", err)
+	}
+	fi, err := d.Stat()
+	if err != nil {
+		d.Close()
+		return nil, fmt.Errorf("lock directory %s: %w", dir, err)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		d.Close()
+		return nil, fmt.Errorf("lock directory %s: no owner known", dir)
+	}
+	if err := checkLockDir(dir, st, uint32(os.Geteuid())); err != nil {
+		d.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// checkLockDir accepts a directory in which only the owner of each file
+// (and the directory's) may remove it: owned by root or uid, sticky or
+// written by its owner alone; or made by another user's sandboxd, 1777 as
+// sandboxd makes it, since on a shared host the first user to start one
+// owns it (that user could remove others' locks, but anyone who may use
+// the engine can remove any container anyway).
+func checkLockDir(dir string, st *syscall.Stat_t, uid uint32) error {
+	perm := st.Mode & 0o7777
+	switch {
+	case st.Mode&syscall.S_IFMT != syscall.S_IFDIR:
+		return fmt.Errorf("lock directory %s is not a directory: remove it (rm %s) and start again", dir, dir)
+	case st.Uid != 0 && st.Uid != uid && perm != 0o1777:
+		return fmt.Errorf("lock directory %s belongs to uid %d, not to root or you (uid %d), and is not shared as sandboxd makes it (mode 1777, it is %04o): have it removed (sudo rm -r %s) or made by root (sudo install -d -m 1777 -o root %s)", dir, st.Uid, uid, perm, dir, dir)
+	case perm&0o022 != 0 && perm&syscall.S_ISVTX == 0:
+		return fmt.Errorf("lock directory %s is writable by others without the sticky bit (mode %04o), so anyone could replace the locks that keep containers from gc: make it sticky (chmod 1777 %s) or remove it (rm -r %s)", dir, perm, dir, dir)
+	}
+	return nil
+}
+
+// bootID identifies this boot of the host, or is "" when /proc does not
+// say.
+func bootID() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
 }
 
 // Labels returns the labels of a container owned by this instance.
 func (in *Instance) Labels(session string) map[string]string {
-	return map[string]string{
+	l := map[string]string{
 		LabelInstance: in.ID,
 		LabelSession:  session,
 		LabelHost:     in.Host,
 		LabelPid:      strconv.Itoa(os.Getpid()),
 	}
+	if in.Boot != "" {
+		l[LabelBoot] = in.Boot
+	}
+	return l
 }
 
 // Close releases the liveness lock and removes its file.
@@ -88,22 +191,34 @@ func (in *Instance) Close() error {
 	return err
 }
 
+// localHost is what gc compares a container's labels with: this host, its
+// boot, and where its instances keep their locks.
+type localHost struct {
+	name, boot, lockDir string
+}
+
 // instanceAlive reports whether the instance that labelled a container is
 // still running. Containers of other hosts are treated as alive: their
 // owner's lock cannot be seen from here.
-func instanceAlive(host string, labels map[string]string) bool {
-	if labels[LabelHost] != host {
+func (h localHost) instanceAlive(labels map[string]string) bool {
+	if labels[LabelHost] != h.name {
 		return true
 	}
 	id := labels[LabelInstance]
 	if id == "" || id != filepath.Base(id) {
 		return false
 	}
-	name := filepath.Join(LockDir(), id+".lock")
+	name := filepath.Join(h.lockDir, id+".lock")
 	f, err := os.Open(name)
 	if errors.Is(err, os.ErrNotExist) {
+		// Without its lock (removed, or /tmp emptied at boot), only the
+		// pid is left, and a pid of another boot means nothing. A lock
+		// that is there is free after a reboot anyway.
+		if b := labels[LabelBoot]; b != "" && h.boot != "" && b != h.boot {
+			return false
+		}
 		pid, _ := strconv.Atoi(labels[LabelPid])
-		return pid > 0 && syscall.Kill(pid, 0) == nil
+		return pid > 0 && processExists(syscall.Kill(pid, 0))
 	}
 	if err != nil {
 		// A lock we may not even open belongs to someone else; leave it.
@@ -118,6 +233,12 @@ func instanceAlive(host string, labels map[string]string) bool {
 	return false
 }
 
+// processExists reads the result of kill(pid, 0): EPERM is a process that
+// is there but another user's.
+func processExists(err error) bool {
+	return err == nil || errors.Is(err, syscall.EPERM)
+}
+
 // GCOptions selects what GC removes.
 type GCOptions struct {
 	// All removes every sandboxd container on the engine, live owner or not.
@@ -126,12 +247,34 @@ type GCOptions struct {
 	Keep string
 }
 
+// RemoveError is GC failing to remove some of the containers it listed:
+// unlike its other errors, it comes with a complete account of what was
+// removed.
+type RemoveError struct{ Err error }
+
+func (e *RemoveError) Error() string { return e.Err.Error() }
+
+func (e *RemoveError) Unwrap() error { return e.Err }
+
 // GC removes the containers whose owning instance is no longer running and
-// returns their ids.
+// returns their ids. When it could not remove some, the error is a
+// *RemoveError.
 func GC(ctx context.Context, cli *client.Client, log *slog.Logger, opts GCOptions) ([]string, error) {
 	host, err := os.Hostname()
 	if err != nil {
 		return nil, fmt.Errorf("gc: %w", err)
+	}
+	here := localHost{name: host, boot: bootID(), lockDir: LockDir()}
+	if !opts.All {
+		// Locks in a directory someone else may write would decide
+		// whose containers go: none is trusted.
+		d, err := openLockDir(here.lockDir)
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("gc: %w", err)
+		}
+		if d != nil {
+			d.Close()
+		}
 	}
 	list, err := cli.ContainerList(ctx, client.ContainerListOptions{
 		All:     true,
@@ -147,7 +290,7 @@ func GC(ctx context.Context, cli *client.Client, log *slog.Logger, opts GCOption
 		if owner == opts.Keep {
 			continue
 		}
-		if !opts.All && instanceAlive(host, c.Labels) {
+		if !opts.All && here.instanceAlive(c.Labels) {
 			continue
 		}
 		_, err := cli.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
@@ -158,7 +301,10 @@ func GC(ctx context.Context, cli *client.Client, log *slog.Logger, opts GCOption
 		log.Info("removed container left by a dead instance", "container", c.ID[:12], "instance", owner, "session", c.Labels[LabelSession])
 		removed = append(removed, c.ID)
 	}
-	return removed, errors.Join(errs...)
+	if len(errs) > 0 {
+		return removed, &RemoveError{errors.Join(errs...)}
+	}
+	return removed, nil
 }
 
 func randomID(n int) (string, error) {

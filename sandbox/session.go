@@ -313,6 +313,12 @@ func sessionUser(c SessionConfig, st *syscall.Stat_t) string {
 	if st == nil || st.Uid == 0 {
 		return c.FallbackUser
 	}
+	if st.Gid == 0 {
+		// The owner, but not root's group, which may write what root
+		// owns group-writable: the fallback user's group instead.
+		_, g, _ := strings.Cut(c.FallbackUser, ":")
+		return fmt.Sprintf("%d:%s", st.Uid, g)
+	}
 	return fmt.Sprintf("%d:%d", st.Uid, st.Gid)
 }
 

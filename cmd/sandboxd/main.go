@@ -464,6 +464,10 @@ func cmdGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	for _, id := range removed {
 		fmt.Fprintf(stdout, "removed %.12s\n", id)
 	}
-	fmt.Fprintf(stdout, "%d container(s) removed\n", len(removed))
+	// A count is only known once the containers were listed: without the
+	// engine, "0 removed" would be a claim about containers never seen.
+	if err == nil || errors.As(err, new(*sandbox.RemoveError)) {
+		fmt.Fprintf(stdout, "%d container(s) removed\n", len(removed))
+	}
 	return err
 }
