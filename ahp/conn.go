@@ -33,6 +33,12 @@ type conn struct {
 	// a client's own actions then leave without a hand-off between
 	// goroutines, which costs a thread wake-up on the keystroke's path.
 	writing, quiet bool
+	// replies is what the answers to the client's requests hold, queued
+	// or being written; they do not count against the backlog (one may
+	// be far bigger than it), but while they exceed it the reader reads
+	// no more requests (await). drained is signalled as they are written.
+	replies int
+	drained chan struct{} // capacity 1
 
 	done      chan struct{}
 	closeOnce sync.Once
@@ -45,7 +51,7 @@ type conn struct {
 
 func newConn(ctx context.Context, s *Server, ws *websocket.Conn) *conn {
 	ctx, cancel := context.WithCancel(ctx)
-	return &conn{s: s, ws: ws, subs: make(map[string]bool), wake: make(chan struct{}, 1), done: make(chan struct{}), ctx: ctx, abort: cancel}
+	return &conn{s: s, ws: ws, subs: make(map[string]bool), wake: make(chan struct{}, 1), drained: make(chan struct{}, 1), done: make(chan struct{}), ctx: ctx, abort: cancel}
 }
 
 func (c *conn) subscribed(channel string) bool {
@@ -66,9 +72,8 @@ type outgoing struct {
 func (c *conn) send(msg []byte) { c.enqueue(msg, true) }
 
 // sendReply queues an answer to the client's request. It does not count
-// against the backlog: the reader sends it and flushes it before it reads
-// the next request, so answers cannot pile up, and one may be far bigger
-// than the backlog (a snapshot).
+// against the backlog, which would cut off a client asking for a snapshot
+// bigger than that; await bounds the answers instead.
 func (c *conn) sendReply(msg []byte) { c.enqueue(msg, false) }
 
 func (c *conn) enqueue(msg []byte, counted bool) {
@@ -91,6 +96,8 @@ func (c *conn) enqueue(msg []byte, counted bool) {
 	c.queue = append(c.queue, outgoing{msg, counted})
 	if counted {
 		c.queued += len(msg)
+	} else {
+		c.replies += len(msg)
 	}
 	wake := !c.writing && !c.quiet
 	c.qmu.Unlock()
@@ -150,7 +157,43 @@ func (c *conn) drain(ctx context.Context) {
 				c.close()
 				return
 			}
+			if !o.counted {
+				c.qmu.Lock()
+				c.replies -= len(o.msg)
+				c.qmu.Unlock()
+				select {
+				case c.drained <- struct{}{}:
+				default:
+				}
+			}
 			batch[i] = outgoing{}
+		}
+	}
+}
+
+// await holds the reader while the answers waiting for the client exceed
+// the backlog; one answer, however big, always goes. Otherwise a client
+// that sends requests and reads no answers, behind a writer stuck on its
+// socket (flush leaves the queue to the writer then), would grow them
+// without bound. Its requests wait in its own socket meanwhile: no other
+// client, and no terminal, waits with it. It reports false once the
+// connection ends.
+func (c *conn) await(ctx context.Context) bool {
+	for {
+		c.qmu.Lock()
+		over := c.replies > c.s.cfg.Backlog
+		c.qmu.Unlock()
+		if !over {
+			return true
+		}
+		// Whoever holds the writing role writes the answers, or fails
+		// and closes the connection: after flush that is the writer.
+		select {
+		case <-c.drained:
+		case <-c.done:
+			return false
+		case <-ctx.Done():
+			return false
 		}
 	}
 }
@@ -203,6 +246,9 @@ func (c *conn) run() {
 			c.handle(ctx, data)
 		}
 		c.flush(ctx)
+		if !c.await(ctx) {
+			return
+		}
 	}
 }
 
@@ -321,7 +367,7 @@ func (c *conn) initializeLocked(params json.RawMessage) (any, *rpcError) {
 		}
 	}
 	if version == "" {
-		return nil, &rpcError{Code: codeUnsupportedProto, Message: fmt.Sprintf("none of the protocol versions %v is spoken here (%s)", p.ProtocolVersions, strings.Join(supportedVersions(), ", ")), Data: map[string]any{"supportedVersions": supportedVersions()}}
+		return nil, &rpcError{Code: codeUnsupportedProto, Message: fmt.Sprintf("none of the protocol versions %.200s is spoken here (%s)", fmt.Sprint(p.ProtocolVersions), strings.Join(supportedVersions(), ", ")), Data: map[string]any{"supportedVersions": supportedVersions()}}
 	}
 	s := c.s
 	c.mu.Lock()
@@ -360,7 +406,7 @@ func (c *conn) subscribeLocked(params json.RawMessage) (any, *rpcError) {
 	s := c.s
 	snap, ok := s.snapshotLocked(p.Channel)
 	if !ok {
-		return nil, &rpcError{Code: codeNotFound, Message: fmt.Sprintf("subscribe: unknown channel %q", p.Channel)}
+		return nil, &rpcError{Code: codeNotFound, Message: fmt.Sprintf("subscribe: unknown channel %.200q", p.Channel)}
 	}
 	c.mu.Lock()
 	c.subs[p.Channel] = true

@@ -62,7 +62,9 @@ type Config struct {
 	ReplayBytes   int
 	// Backlog bounds the bytes of messages queued for one client; a client
 	// further behind is disconnected, and its reconnect gets what it
-	// missed by replay or snapshots.
+	// missed by replay or snapshots. Answers to its own requests do not
+	// count against it, but while more than Backlog of them wait, its
+	// next request is not read.
 	Backlog int
 	// Workspace is the default working directory of new terminals.
 	Workspace string
@@ -117,10 +119,12 @@ func (e Envelope) MarshalJSON() ([]byte, error) {
 	}{plain(e), e.RawAction})
 }
 
-// size is what the replay counts an envelope's action as.
+// size is what the replay counts an envelope's action as. A rejection
+// counts its channel too: it may name none that exists, in as many bytes
+// as a message holds.
 func (e Envelope) size() int {
 	if e.RawAction != nil {
-		return 64 + len(e.RawAction)
+		return 64 + len(e.RawAction) + len(e.Channel)
 	}
 	return e.Action.size()
 }
@@ -437,7 +441,7 @@ func pathOf(uri string) (string, error) {
 	}
 	u, err := url.Parse(uri)
 	if err != nil || u.Scheme != "file" || !filepath.IsAbs(u.Path) {
-		return "", fmt.Errorf("cwd %q is not a file URI with an absolute path", uri)
+		return "", fmt.Errorf("cwd %.200q is not a file URI with an absolute path", uri)
 	}
 	return filepath.Clean(u.Path), nil
 }

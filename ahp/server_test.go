@@ -952,3 +952,218 @@ func TestLogsNameTheBoundAddress(t *testing.T) {
 		t.Errorf("Listen: %v", err)
 	}
 }
+
+// TestUnreadAnswersAreBounded: a client that keeps sending requests but
+// reads none of the answers, while the writer is stuck on its socket, has
+// at most the backlog of answers and one more queued; its requests wait
+// meanwhile. Once it reads, every request is answered, in order; if it
+// leaves instead, the reader that waited goes, with every other goroutine
+// of the connection.
+func TestUnreadAnswersAreBounded(t *testing.T) {
+	const (
+		backlog = 256 << 10
+		content = 16 << 10 // each answer is a snapshot of about this
+		// Answers far beyond what the backlog and the sockets' buffers
+		// hold.
+		requests = 400
+	)
+	for _, tc := range []struct {
+		name  string
+		reads bool // the client reads its answers at last, or leaves
+	}{
+		{name: "the client reads at last", reads: true},
+		{name: "the client leaves", reads: false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, url, _ := serveTest(t, Config{Token: "tok", Backlog: backlog, MaxContent: content})
+			// Tens of MiB go through: slow under the race detector.
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			s.emit("ahp-terminal:/t", Action{Type: "terminal/data", Data: strings.Repeat("x", content)}, nil)
+			before := runtime.NumGoroutine()
+			ws := dial(t, url)
+			defer ws.CloseNow()
+			write := func(req string) {
+				t.Helper()
+				if err := ws.Write(ctx, websocket.MessageText, []byte(req)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			write(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersions":["0.4.0"],"clientId":"c","initialSubscriptions":["ahp-terminal:/t"]}}`)
+			if _, msg, err := ws.Read(ctx); err != nil || !strings.Contains(string(msg), `"id":1`) {
+				t.Fatalf("initialize: %.200s, %v", msg, err)
+			}
+			var c *conn
+			s.mu.Lock()
+			for c = range s.conns {
+			}
+			s.mu.Unlock()
+			// An action more than the sockets' buffers hold, which the
+			// client does not read, holds the writer: the reader's flush
+			// then leaves the answers to it.
+			const stuck = 16 << 20
+			ws.SetReadLimit(2 * stuck)
+			s.emit("ahp-terminal:/t", Action{Type: "terminal/data", Data: strings.Repeat("y", stuck)}, nil)
+			for {
+				c.qmu.Lock()
+				writing := c.writing
+				c.qmu.Unlock()
+				if writing {
+					break
+				}
+				if ctx.Err() != nil {
+					t.Fatal("the writer never took the action")
+				}
+				time.Sleep(time.Millisecond)
+			}
+			for i := range requests {
+				write(fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"subscribe","params":{"channel":"ahp-terminal:/t"}}`, i+2))
+			}
+			// The answers queued, not what the writer holds: until the
+			// reader waits, and the queue stays as it is.
+			queued := func() (answers, waiting int) {
+				c.qmu.Lock()
+				defer c.qmu.Unlock()
+				for _, o := range c.queue {
+					if !o.counted {
+						answers += len(o.msg)
+					}
+				}
+				return answers, c.replies
+			}
+			peak, last, since := 0, -1, time.Now()
+			for {
+				n, waiting := queued()
+				peak = max(peak, n)
+				if n != last {
+					last, since = n, time.Now()
+				}
+				if waiting > backlog && time.Since(since) > 200*time.Millisecond {
+					break
+				}
+				if ctx.Err() != nil {
+					t.Fatalf("answers never backed up: %d bytes queued, %d waiting", n, waiting)
+				}
+				time.Sleep(time.Millisecond)
+			}
+			if limit := backlog + content + 1<<10; peak > limit {
+				t.Errorf("%d bytes of answers queued, want at most %d", peak, limit)
+			}
+			if tc.reads {
+				if _, msg, err := ws.Read(ctx); err != nil || len(msg) < stuck {
+					t.Fatalf("the action: %.200s (%d bytes), %v", msg, len(msg), err)
+				}
+				for i := range requests {
+					_, msg, err := ws.Read(ctx)
+					if err != nil || !strings.Contains(string(msg), fmt.Sprintf(`"id":%d,`, i+2)) || !strings.Contains(string(msg), `"snapshot"`) {
+						t.Fatalf("answer %d: %.200s, %v", i, msg, err)
+					}
+				}
+				ws.Close(websocket.StatusNormalClosure, "")
+			} else {
+				ws.CloseNow()
+			}
+			for {
+				s.mu.Lock()
+				conns := len(s.conns)
+				s.mu.Unlock()
+				if conns == 0 && runtime.NumGoroutine() <= before {
+					break
+				}
+				if ctx.Err() != nil {
+					t.Fatalf("%d connections and %d goroutines after the client left, want 0 and at most %d", conns, runtime.NumGoroutine(), before)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		})
+	}
+}
+
+// TestErrorsCutWhatThePeerSent: an error message or a rejection reason
+// quotes at most 200 characters of a string the client sent, not the up
+// to 8 MiB a message may hold.
+func TestErrorsCutWhatThePeerSent(t *testing.T) {
+	long := strings.Repeat("x", 100<<10)
+	mid := strings.Repeat("x", 900) // under maxURI
+	for _, tc := range []struct {
+		name      string
+		req       string
+		handshake bool   // req is the connection's first
+		claimedBy string // the client holding the terminal's claim
+		want      string
+	}{
+		{name: "initialize", handshake: true, req: `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersions":["LONG","LONG"],"clientId":"c"}}`, want: "none of the protocol versions"},
+		{name: "method", req: `{"jsonrpc":"2.0","id":1,"method":"LONG"}`, want: "method not found"},
+		{name: "method before initialize", handshake: true, req: `{"jsonrpc":"2.0","id":1,"method":"LONG"}`, want: "initialize (or reconnect) first"},
+		{name: "subscribe", req: `{"jsonrpc":"2.0","id":1,"method":"subscribe","params":{"channel":"ahp-terminal:/LONG"}}`, want: "unknown channel"},
+		{name: "disposeTerminal", req: `{"jsonrpc":"2.0","id":1,"method":"disposeTerminal","params":{"channel":"ahp-terminal:/LONG"}}`, want: "unknown terminal"},
+		{name: "createTerminal channel", req: `{"jsonrpc":"2.0","id":1,"method":"createTerminal","params":{"channel":"LONG","claim":{"kind":"client","clientId":"c"}}}`, want: "is not a terminal URI"},
+		{name: "createTerminal claim", req: `{"jsonrpc":"2.0","id":1,"method":"createTerminal","params":{"channel":"ahp-terminal:/n","claim":{"kind":"LONG"}}}`, want: "is neither client nor session"},
+		{name: "createTerminal cwd", req: `{"jsonrpc":"2.0","id":1,"method":"createTerminal","params":{"channel":"ahp-terminal:/n","claim":{"kind":"client","clientId":"c"},"cwd":"http://h/MID"}}`, want: "is not a file URI"},
+		{name: "createTerminal long cwd", req: `{"jsonrpc":"2.0","id":1,"method":"createTerminal","params":{"channel":"ahp-terminal:/n","claim":{"kind":"client","clientId":"c"},"cwd":"file:///LONG"}}`, want: "cwd longer than"},
+		{name: "action on an unknown terminal", req: `{"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":"ahp-terminal:/LONG","clientSeq":1,"action":{"type":"terminal/input","data":"x"}}}`, want: "unknown terminal"},
+		{name: "action of an unknown type", req: `{"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":"ahp-terminal:/t","clientSeq":1,"action":{"type":"LONG"}}}`, want: "cannot be dispatched by a client"},
+		{name: "action on the root channel", req: `{"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":"ahp-root://","clientSeq":1,"action":{"type":"LONG"}}}`, want: "on the root channel"},
+		{name: "claim held by another", claimedBy: long, req: `{"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":"ahp-terminal:/t","clientSeq":1,"action":{"type":"terminal/claimed","claim":{"kind":"client","clientId":"c"}}}}`, want: "only the holder of the claim"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := testServer(Config{Backlog: 64 << 20})
+			if tc.claimedBy != "" {
+				s.terms["ahp-terminal:/t"].state.Claim = Claim{Kind: "client", ClientID: tc.claimedBy}
+			}
+			c := newConn(context.Background(), s, nil)
+			defer c.abort()
+			if !tc.handshake {
+				c.clientID = "c"
+			}
+			req := strings.NewReplacer("LONG", long, "MID", mid).Replace(tc.req)
+			c.handle(context.Background(), []byte(req))
+			if len(c.queue) == 0 {
+				t.Fatal("no answer")
+			}
+			var m struct {
+				Error  *rpcError `json:"error"`
+				Params struct {
+					RejectionReason string `json:"rejectionReason"`
+				} `json:"params"`
+			}
+			if err := json.Unmarshal(c.queue[len(c.queue)-1].msg, &m); err != nil {
+				t.Fatal(err)
+			}
+			why := m.Params.RejectionReason
+			if m.Error != nil {
+				why = m.Error.Message
+			}
+			if !strings.Contains(why, tc.want) {
+				t.Errorf("%.300q does not say %q", why, tc.want)
+			}
+			if n := strings.Count(why, "x"); n > 200 {
+				t.Errorf("%d characters of what was sent quoted in %d bytes: %.300q", n, len(why), why)
+			}
+		})
+	}
+}
+
+// TestRejectionsCountTheirChannel: a rejected action kept for replay counts
+// the channel it names, which no terminal may have and which may be as
+// long as a message.
+func TestRejectionsCountTheirChannel(t *testing.T) {
+	const replayBytes = 1 << 20
+	s := testServer(Config{ReplayBytes: replayBytes, Backlog: 1 << 30})
+	c := newConn(context.Background(), s, nil)
+	defer c.abort()
+	c.clientID = "c"
+	long := strings.Repeat("x", 100<<10)
+	for range 100 {
+		c.handle(context.Background(), []byte(`{"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":"ahp-terminal:/`+long+`","clientSeq":1,"action":{"type":"terminal/input","data":"x"}}}`))
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	held := 0
+	for _, e := range s.replay {
+		held += len(e.Channel)
+	}
+	if held > replayBytes {
+		t.Errorf("replay holds %d bytes of channels, want at most %d", held, replayBytes)
+	}
+}

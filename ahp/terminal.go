@@ -101,6 +101,10 @@ func (s *Server) createTerminal(ctx context.Context, params json.RawMessage) (an
 	if p.Cols > maxSize || p.Rows > maxSize {
 		return nil, invalid("createTerminal: cols and rows must be at most %d", maxSize)
 	}
+	if len(p.Cwd) > maxURI {
+		// Refused here, as what refuses it later may quote it whole.
+		return nil, invalid("createTerminal: cwd longer than %d bytes", maxURI)
+	}
 	dir := s.cfg.Workspace
 	if p.Cwd != "" {
 		var err error
@@ -111,7 +115,7 @@ func (s *Server) createTerminal(ctx context.Context, params json.RawMessage) (an
 	s.mu.Lock()
 	if _, ok := s.terms[p.Channel]; ok {
 		s.mu.Unlock()
-		return nil, &rpcError{Code: codeAlreadyExists, Message: fmt.Sprintf("terminal %s already exists", p.Channel)}
+		return nil, &rpcError{Code: codeAlreadyExists, Message: fmt.Sprintf("terminal %.200q already exists", p.Channel)}
 	}
 	// Reserve the URI while the exec starts.
 	t := &terminal{uri: p.Channel, s: s, since: s.seq, ready: make(chan struct{}), input: make(chan []byte, maxInputActions), gate: make(chan struct{})}
@@ -240,7 +244,7 @@ func (s *Server) disposeTerminal(ctx context.Context, params json.RawMessage) (a
 	ok = ok && t.t != nil
 	s.mu.Unlock()
 	if !ok {
-		return nil, &rpcError{Code: codeNotFound, Message: fmt.Sprintf("disposeTerminal: unknown terminal %q", p.Channel)}
+		return nil, &rpcError{Code: codeNotFound, Message: fmt.Sprintf("disposeTerminal: unknown terminal %.200q", p.Channel)}
 	}
 	// Once the terminal is out of the list its processes must go, even
 	// when the client that asked leaves meanwhile.
@@ -339,16 +343,16 @@ func (s *Server) apply(from *conn, channel string, a Action, raw json.RawMessage
 // when it took effect. s.mu must be held; resize leaves it meanwhile.
 func (s *Server) applyLocked(from *conn, channel string, a Action, origin *Origin) string {
 	if channel == RootURI {
-		return fmt.Sprintf("%s on the root channel is not supported by this server", a.Type)
+		return fmt.Sprintf("%.200s on the root channel is not supported by this server", a.Type)
 	}
 	t, ok := s.terms[channel]
 	if !ok || t.t == nil {
-		return fmt.Sprintf("unknown terminal %q", channel)
+		return fmt.Sprintf("unknown terminal %.200q", channel)
 	}
 	switch a.Type {
 	case "terminal/input":
 		if t.t.Exited() {
-			return fmt.Sprintf("terminal %q has exited", channel)
+			return fmt.Sprintf("terminal %.200q has exited", channel)
 		}
 		data := []byte(a.Data)
 		if t.inputBytes == 0 && t.opened {
@@ -362,13 +366,13 @@ func (s *Server) applyLocked(from *conn, channel string, a Action, origin *Origi
 		}
 		if len(data) > 0 {
 			if t.inputBytes > 0 && t.inputBytes+len(data) > maxInput {
-				return fmt.Sprintf("terminal %q is not reading its input: %d bytes wait", channel, t.inputBytes)
+				return fmt.Sprintf("terminal %.200q is not reading its input: %d bytes wait", channel, t.inputBytes)
 			}
 			select {
 			case t.input <- data:
 				t.inputBytes += len(data)
 			default:
-				return fmt.Sprintf("terminal %q is not reading its input: %d actions wait", channel, len(t.input))
+				return fmt.Sprintf("terminal %.200q is not reading its input: %d actions wait", channel, len(t.input))
 			}
 		}
 	case "terminal/resized":
@@ -385,7 +389,7 @@ func (s *Server) applyLocked(from *conn, channel string, a Action, origin *Origi
 			return err.Error()
 		}
 		if s.terms[channel] != t {
-			return fmt.Sprintf("terminal %q was disposed", channel)
+			return fmt.Sprintf("terminal %.200q was disposed", channel)
 		}
 	case "terminal/claimed":
 		if why := a.Claim.check(); why != "" {
@@ -398,7 +402,7 @@ func (s *Server) applyLocked(from *conn, channel string, a Action, origin *Origi
 		holder := cur.Kind == "client" && cur.ClientID == origin.ClientID
 		sameSession := cur.Kind == "session" && a.Claim.Kind == "session" && a.Claim.Session == cur.Session
 		if !holder && !sameSession {
-			return fmt.Sprintf("only the holder of the claim may change it (held by %s %s%s)", cur.Kind, cur.ClientID, cur.Session)
+			return fmt.Sprintf("only the holder of the claim may change it (held by %.200s %.200s%.200s)", cur.Kind, cur.ClientID, cur.Session)
 		}
 	case "terminal/titleChanged":
 		if len(a.Title) > maxTitle {
@@ -406,7 +410,7 @@ func (s *Server) applyLocked(from *conn, channel string, a Action, origin *Origi
 		}
 	case "terminal/cleared":
 	default:
-		return fmt.Sprintf("%s cannot be dispatched by a client", a.Type)
+		return fmt.Sprintf("%.200s cannot be dispatched by a client", a.Type)
 	}
 	// The echo to the client that sent it leaves from its reader.
 	from.hold()

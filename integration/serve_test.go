@@ -394,6 +394,44 @@ func TestFilesystemsBelowTheWorkspaceStayOut(t *testing.T) {
 	}
 }
 
+// TestGitMetadataIsReadOnly: commands cannot change a workspace's .git,
+// which the person's own git reads on the host (a hook or core.fsmonitor
+// set there would run outside the sandbox), nor move it out of the way;
+// they still read it, and the rest of the workspace stays writable. A
+// worktree's .git file is kept as well. protect_git = false lets them.
+func TestGitMetadataIsReadOnly(t *testing.T) {
+	repo := workspace(t)
+	config := filepath.Join(subdir(t, repo, ".git"), "config")
+	writeFile(t, config, "[core]\n")
+	own(t, config)
+	worktree := workspace(t)
+	writeFile(t, filepath.Join(worktree, ".git"), "gitdir: "+repo+"/.git\n")
+	own(t, filepath.Join(worktree, ".git"))
+	try := "{ echo '\tfsmonitor = ./evil' >> .git/config && echo changed config; " +
+		"echo 'gitdir: /tmp/evil' > .git && echo changed file; " +
+		"mv .git .git-old && echo moved; " +
+		"cat .git/config .git | head -1; touch ok && echo wrote; } 2>/dev/null"
+	for _, tc := range []struct {
+		name, config string
+		dir          string
+		want         string
+	}{
+		{"repository", "", repo, "[core]\nwrote\n"},
+		{"worktree", "", worktree, "gitdir: " + repo + "/.git\nwrote\n"},
+		{"not protected", "[session]\nprotect_git = false\n", repo, "changed config\nmoved\nwrote\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := startServeWithConfig(t, tc.dir, tc.config)
+			a := srv.agent()
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			if out, st := sh(t, ctx, a, "s", try); out != tc.want {
+				t.Errorf("got %q (%s), want %q", out, exitCode(st), tc.want)
+			}
+		})
+	}
+}
+
 // TestCommandNotFoundIs127: a command the container does not have exits
 // 127, as in a shell, with the engine's reason as its output; one it has
 // but cannot run stays 126.

@@ -36,6 +36,7 @@ type SessionConfig struct {
 	FallbackUser    string    `toml:"fallback_user"`
 	Workspace       string    `toml:"workspace"`
 	WorkspaceMode   string    `toml:"workspace_mode"`
+	ProtectGit      bool      `toml:"protect_git"`
 	ReadonlyRootfs  bool      `toml:"readonly_rootfs"`
 	Scratch         []string  `toml:"scratch"`
 	ScratchSize     ByteSize  `toml:"scratch_size"`

@@ -411,7 +411,7 @@ func TestScratchGivesWayToTheWorkspace(t *testing.T) {
 		{"/var", []string{"/var/tmp"}},
 		{"/tmp/proj", nil},
 	} {
-		_, host := containerConfig(cfg.Session, SessionSpec{Workspace: tc.workspace}, []bind{{tc.workspace, tc.workspace}}, "1000:1000", nil)
+		_, host := containerConfig(cfg.Session, SessionSpec{Workspace: tc.workspace}, []bind{{tc.workspace, tc.workspace}}, nil, "1000:1000", nil)
 		for _, p := range cfg.Session.Scratch {
 			_, has := host.Tmpfs[p]
 			if want := !slices.Contains(tc.without, p); has != want {

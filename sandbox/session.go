@@ -327,9 +327,21 @@ func sessionUser(c SessionConfig, st *syscall.Stat_t) string {
 // put there since, and is refused.
 func statUnlinked(path string) (syscall.Stat_t, error) {
 	var st syscall.Stat_t
-	fd, err := syscall.Open("/", unix.O_PATH|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+	fd, err := openUnlinked(path)
 	if err != nil {
 		return st, err
+	}
+	err = syscall.Fstat(fd, &st)
+	syscall.Close(fd)
+	return st, err
+}
+
+// openUnlinked opens directory path as statUnlinked walks it, for O_PATH
+// use.
+func openUnlinked(path string) (int, error) {
+	fd, err := syscall.Open("/", unix.O_PATH|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
 	}
 	for _, c := range strings.Split(strings.TrimPrefix(path, "/"), "/") {
 		if c == "" {
@@ -338,13 +350,39 @@ func statUnlinked(path string) (syscall.Stat_t, error) {
 		next, err := syscall.Openat(fd, c, unix.O_PATH|syscall.O_NOFOLLOW|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
 		syscall.Close(fd)
 		if err != nil {
-			return st, fmt.Errorf("%s: %w", c, err)
+			return -1, fmt.Errorf("%s: %w", c, err)
 		}
 		fd = next
 	}
-	err = syscall.Fstat(fd, &st)
-	syscall.Close(fd)
-	return st, err
+	return fd, nil
+}
+
+// gitMetadata finds the .git of session directory dir (its links
+// resolved) without following a link: a directory, or the file a worktree
+// or submodule has. ok is false when there is none, or it is a link, which
+// is left alone: mounting where it points would show what it points to.
+func gitMetadata(dir string) (st syscall.Stat_t, ok bool, err error) {
+	fd, err := openUnlinked(dir)
+	if err != nil {
+		return st, false, err
+	}
+	defer syscall.Close(fd)
+	g, err := syscall.Openat(fd, ".git", unix.O_PATH|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0)
+	if errors.Is(err, syscall.ENOENT) {
+		return st, false, nil
+	}
+	if err != nil {
+		return st, false, err
+	}
+	defer syscall.Close(g)
+	if err := syscall.Fstat(g, &st); err != nil {
+		return st, false, err
+	}
+	switch st.Mode & syscall.S_IFMT {
+	case syscall.S_IFDIR, syscall.S_IFREG:
+		return st, true, nil
+	}
+	return st, false, nil
 }
 
 func (s *Session) start(ctx context.Context) error {
@@ -394,7 +432,12 @@ func (s *Session) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("open session %s: %w", s.ID, err)
 	}
-	cfg, hostCfg := containerConfig(m.cfg.Session, spec, binds, user, m.instance.Labels(s.ID))
+	protected, gitChecks, err := s.protectGit(append([]string{spec.Workspace}, spec.ExtraDirs...), real)
+	if err != nil {
+		return fmt.Errorf("open session %s: %w", s.ID, err)
+	}
+	checks = append(checks, gitChecks...)
+	cfg, hostCfg := containerConfig(m.cfg.Session, spec, binds, protected, user, m.instance.Labels(s.ID))
 	name := "sandboxd-" + m.instance.ID + "-" + containerSafe(s.ID)
 	suffix, err := randomID(3)
 	if err != nil {
@@ -474,14 +517,47 @@ next:
 	return binds, nil
 }
 
+// protectGit plans a read-only mount over the .git of each writable
+// session directory (targets, their sources in real): a command that could
+// write there could set a hook, core.fsmonitor or a filter that the
+// person's own git runs on the host, outside any sandbox, at the editor's
+// next `git status`. The mount point also cannot be renamed or removed
+// from inside, so no other .git takes its place. The checks make the
+// started container show the very .git that was checked there.
+func (s *Session) protectGit(targets, real []string) ([]bind, []mountCheck, error) {
+	c := s.m.cfg.Session
+	if !c.ProtectGit || c.WorkspaceMode == "ro" {
+		return nil, nil, nil
+	}
+	var binds []bind
+	var checks []mountCheck
+	for i, t := range targets {
+		st, ok, err := gitMetadata(real[i])
+		if err != nil {
+			return nil, nil, fmt.Errorf("%w: workspace: %q changed while it was checked: %v", ErrInvalid, t, err)
+		}
+		if !ok {
+			continue
+		}
+		b := bind{source: filepath.Join(real[i], ".git"), target: filepath.Join(t, ".git")}
+		if slices.Contains(binds, b) {
+			continue
+		}
+		binds = append(binds, b)
+		checks = append(checks, mountCheck{target: b.target, dev: uint64(st.Dev), ino: st.Ino, known: s.m.writableByAnother(s, real[i])})
+	}
+	return binds, checks, nil
+}
+
 // containerConfig is the hardened container of DESIGN.md: no network, no
 // capabilities, no privilege gain, read-only root, init, limits, a non-root
 // user, and no host path but the workspace and what the config grants.
 //
 // binds are the workspace and extra directories, their sources with links
 // resolved, as checked: what the engine mounts, so that no link it would
-// follow is one that was not checked.
-func containerConfig(c SessionConfig, spec SessionSpec, binds []bind, user string, labels map[string]string) (*container.Config, *container.HostConfig) {
+// follow is one that was not checked. readOnly are mounted read-only over
+// them.
+func containerConfig(c SessionConfig, spec SessionSpec, binds, readOnly []bind, user string, labels map[string]string) (*container.Config, *container.HostConfig) {
 	cfg := &container.Config{
 		Image:      spec.Image,
 		Cmd:        []string{"sleep", "infinity"},
@@ -516,6 +592,9 @@ scratch:
 	var mounts []mount.Mount
 	for _, b := range binds {
 		mounts = append(mounts, bindMount(b.source, b.target, c.WorkspaceMode))
+	}
+	for _, b := range readOnly {
+		mounts = append(mounts, bindMount(b.source, b.target, "ro"))
 	}
 	for _, mt := range c.Mounts {
 		mounts = append(mounts, bindMount(mt.Source, mt.Target, mt.Mode))
