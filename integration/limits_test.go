@@ -264,6 +264,8 @@ func TestRunPassesExitCodeAndOutput(t *testing.T) {
 		{"workspace is the current directory", []string{"--", "pwd"}, 0, ws + "\n", ""},
 		{"bad flag value", []string{"--memory", "lots", "--", "true"}, 2, "", "--memory"},
 		{"no command", []string{}, 2, "", "no command"},
+		// sandboxd's own failure has a code apart from the command's.
+		{"missing image", []string{"--image", "sandboxd/missing:1", "--", "true"}, 125, "", "sandboxd/missing:1"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

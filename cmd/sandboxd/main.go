@@ -94,9 +94,16 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "sandboxd %s: %v\n", args[0], err)
-		code = 1
-		if errors.As(err, new(usageError)) || errors.As(err, new(flagError)) {
+		switch {
+		case errors.As(err, new(usageError)) || errors.As(err, new(flagError)):
 			code = 2
+		case args[0] == "run" || args[0] == "wrap":
+			// Their code is otherwise the command's or the agent's:
+			// sandboxd's own failure (no engine, no image) says so with
+			// a code of its own, as `docker run` does.
+			code = exitFailed
+		default:
+			code = 1
 		}
 	}
 	if c, ok := context.Cause(ctx).(signalCause); ok && c.sig == syscall.SIGINT {
@@ -109,6 +116,10 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	return code
 }
+
+// exitFailed is what run and wrap exit with when sandboxd itself fails,
+// not the command or the agent.
+const exitFailed = 125
 
 // signalCause is a signal that asked sandboxd to shut down.
 type signalCause struct{ sig os.Signal }

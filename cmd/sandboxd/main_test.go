@@ -80,3 +80,15 @@ func TestGCWithoutEngine(t *testing.T) {
 		t.Errorf("stderr %q, want the error", stderr.String())
 	}
 }
+
+// TestRunAndWrapFailuresHaveTheirOwnCode: when sandboxd itself fails under
+// run or wrap, it exits 125, a code apart from the command's or agent's.
+func TestRunAndWrapFailuresHaveTheirOwnCode(t *testing.T) {
+	t.Setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+	for _, args := range [][]string{{"run", "--", "true"}, {"wrap", "--", "true"}} {
+		var stdout, stderr bytes.Buffer
+		if code := run(args, strings.NewReader(""), &stdout, &stderr); code != 125 {
+			t.Errorf("%q without an engine: exit code %d, want 125; stderr %q", args, code, stderr.String())
+		}
+	}
+}
