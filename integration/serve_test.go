@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -429,6 +430,43 @@ func TestGitMetadataIsReadOnly(t *testing.T) {
 				t.Errorf("got %q (%s), want %q", out, exitCode(st), tc.want)
 			}
 		})
+	}
+}
+
+// TestGrantedMounts: what session.mounts grants is there, a directory or
+// a single file, through a link on the host as well (its target is what
+// is mounted), read-only when so configured.
+func TestGrantedMounts(t *testing.T) {
+	ws := workspace(t)
+	tools := t.TempDir()
+	writeFile(t, filepath.Join(tools, "tool"), "granted\n")
+	one := filepath.Join(t.TempDir(), "one.txt")
+	writeFile(t, one, "one file\n")
+	link := filepath.Join(t.TempDir(), "tools-link")
+	if err := os.Symlink(tools, link); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{tools, filepath.Dir(one), filepath.Dir(link)} {
+		if err := os.Chmod(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv := startServeWithConfig(t, ws, fmt.Sprintf(`
+[[session.mounts]]
+source = %q
+target = "/opt/tools"
+mode = "ro"
+[[session.mounts]]
+source = %q
+target = "/opt/one.txt"
+mode = "ro"
+`, link, one))
+	a := srv.agent()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, st := sh(t, ctx, a, "s", "cat /opt/tools/tool /opt/one.txt; touch /opt/tools/x 2>/dev/null || echo read-only")
+	if want := "granted\none file\nread-only\n"; out != want {
+		t.Errorf("got %q (%s), want %q", out, exitCode(st), want)
 	}
 }
 

@@ -357,25 +357,34 @@ func openUnlinked(path string) (int, error) {
 	return fd, nil
 }
 
+// statEntryUnlinked is statUnlinked for a path whose last component may
+// be a file or a link: the link itself is what it stats.
+func statEntryUnlinked(path string) (syscall.Stat_t, error) {
+	var st syscall.Stat_t
+	fd, err := openUnlinked(filepath.Dir(path))
+	if err != nil {
+		return st, err
+	}
+	defer syscall.Close(fd)
+	e, err := syscall.Openat(fd, filepath.Base(path), unix.O_PATH|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return st, err
+	}
+	err = syscall.Fstat(e, &st)
+	syscall.Close(e)
+	return st, err
+}
+
 // gitMetadata finds the .git of session directory dir (its links
 // resolved) without following a link: a directory, or the file a worktree
 // or submodule has. ok is false when there is none, or it is a link, which
 // is left alone: mounting where it points would show what it points to.
 func gitMetadata(dir string) (st syscall.Stat_t, ok bool, err error) {
-	fd, err := openUnlinked(dir)
-	if err != nil {
-		return st, false, err
-	}
-	defer syscall.Close(fd)
-	g, err := syscall.Openat(fd, ".git", unix.O_PATH|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0)
+	st, err = statEntryUnlinked(filepath.Join(dir, ".git"))
 	if errors.Is(err, syscall.ENOENT) {
 		return st, false, nil
 	}
 	if err != nil {
-		return st, false, err
-	}
-	defer syscall.Close(g)
-	if err := syscall.Fstat(g, &st); err != nil {
 		return st, false, err
 	}
 	switch st.Mode & syscall.S_IFMT {
@@ -383,6 +392,29 @@ func gitMetadata(dir string) (st syscall.Stat_t, ok bool, err error) {
 		return st, true, nil
 	}
 	return st, false, nil
+}
+
+// grantedMounts resolves the links in the sources of the configured
+// mounts, so that the engine mounts what was resolved, and reads their
+// device and inode for verifyMounts: a source inside a directory that
+// sandboxed commands may write could be swapped for a link meanwhile,
+// which the engine would follow, like a session directory's.
+func (s *Session) grantedMounts() ([]Mount, []mountCheck, error) {
+	mounts := slices.Clone(s.m.cfg.Session.Mounts)
+	checks := make([]mountCheck, 0, len(mounts))
+	for i, mt := range mounts {
+		real, err := filepath.EvalSymlinks(mt.Source)
+		if err != nil {
+			return nil, nil, fmt.Errorf("session.mounts: source %q: %w", mt.Source, err)
+		}
+		st, err := statEntryUnlinked(real)
+		if err != nil || st.Mode&syscall.S_IFMT == syscall.S_IFLNK {
+			return nil, nil, fmt.Errorf("%w: session.mounts: source %q changed while it was checked", ErrInvalid, mt.Source)
+		}
+		mounts[i].Source = real
+		checks = append(checks, mountCheck{target: mt.Target, dev: uint64(st.Dev), ino: st.Ino, known: s.m.writableByAnother(s, real)})
+	}
+	return mounts, checks, nil
 }
 
 func (s *Session) start(ctx context.Context) error {
@@ -437,7 +469,13 @@ func (s *Session) start(ctx context.Context) error {
 		return fmt.Errorf("open session %s: %w", s.ID, err)
 	}
 	checks = append(checks, gitChecks...)
-	cfg, hostCfg := containerConfig(m.cfg.Session, spec, binds, protected, user, m.instance.Labels(s.ID))
+	sc := m.cfg.Session
+	var granted []mountCheck
+	if sc.Mounts, granted, err = s.grantedMounts(); err != nil {
+		return fmt.Errorf("open session %s: %w", s.ID, err)
+	}
+	checks = append(checks, granted...)
+	cfg, hostCfg := containerConfig(sc, spec, binds, protected, user, m.instance.Labels(s.ID))
 	name := "sandboxd-" + m.instance.ID + "-" + containerSafe(s.ID)
 	suffix, err := randomID(3)
 	if err != nil {
