@@ -258,6 +258,9 @@ func TestShellCode(t *testing.T) {
 		{126, notFound, 127},
 		{126, `OCI runtime exec failed: exec failed: unable to start container process: exec: "/x/y": stat /x/y: no such file or directory: unknown`, 127},
 		{126, `OCI runtime exec failed: exec failed: unable to start container process: exec: "/etc/passwd": permission denied: unknown`, 126},
+		// A cwd that is not there: 126, with the engine's reason, not
+		// "command not found".
+		{126, `OCI runtime exec failed: exec failed: unable to start container process: chdir to cwd ("/w/gone") set in config.json failed: no such file or directory: unknown`, 126},
 		{126, "sh: ./script: Permission denied\n", 126},
 		{126, "executable file not found, said the command itself\n", 126},
 		{0, notFound, 0},

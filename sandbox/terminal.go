@@ -397,6 +397,9 @@ func shellCode(code int, head []byte) int {
 	if code != 126 || !bytes.HasPrefix(head, []byte("OCI runtime exec failed")) {
 		return code
 	}
+	if bytes.Contains(head, []byte("chdir to cwd")) {
+		return code // the command may be there; the directory is not
+	}
 	if bytes.Contains(head, []byte("executable file not found")) || bytes.Contains(head, []byte("no such file or directory")) {
 		return 127
 	}
