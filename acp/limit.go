@@ -2,6 +2,7 @@ package acp
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sync"
 
@@ -62,4 +63,15 @@ func (l *requestLimiter) build(ctx context.Context, method string) (release func
 	case <-ctx.Done():
 		return nil, &jsonrpc2.Error{Code: CodeCancelled, Message: "request cancelled"}
 	}
+}
+
+// run has h answer a request once the limiter lets it build the answer;
+// done gives back what building it took, for after the answer is written.
+func (l *requestLimiter) run(ctx context.Context, h RequestHandler, method string, params json.RawMessage) (res any, done func(), err error) {
+	built, err := l.build(ctx, method)
+	if err != nil {
+		return nil, func() {}, err
+	}
+	res, err = h.Handle(ctx, method, params)
+	return res, built, err
 }

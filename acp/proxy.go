@@ -388,6 +388,8 @@ func (p *Proxy) fromAgent() error {
 				p.answerTerminal(m)
 			} else if string(m.ID) == "null" {
 				p.replyToAgentLater(m, nil, errNullID)
+			} else if actsWithoutAnswer(m.Method) {
+				p.terminalNotified(m)
 			} else {
 				p.log.Warn("dropped a terminal notification from the agent", "method", m.Method)
 			}
@@ -530,18 +532,35 @@ func (p *Proxy) answerTerminal(m message) {
 	}
 	started := p.background(func() {
 		defer release() // after the reply is written: it holds the memory
-		built, err := p.limit.build(ctx, m.Method)
-		var res any
-		if err == nil {
-			defer built() // after the reply is written
-			res, err = p.terms.Handle(ctx, m.Method, m.Params)
-		}
+		res, built, err := p.limit.run(ctx, p.terms, m.Method, m.Params)
+		defer built() // after the reply is written
 		// Before the reply: the agent may reuse the id as soon as it has it.
 		forget()
 		p.replyToAgent(m, res, err)
 	})
 	if !started {
 		forget()
+		release()
+	}
+}
+
+// terminalNotified runs a terminal/kill or terminal/release the agent sent
+// as a notification: done, but not answered.
+func (p *Proxy) terminalNotified(m message) {
+	release, err := p.limit.acquire(m.Method)
+	if err != nil {
+		p.log.Warn("terminal notification from the agent not run", "method", m.Method, "err", err)
+		return
+	}
+	started := p.background(func() {
+		defer release()
+		_, built, err := p.limit.run(p.ctx, p.terms, m.Method, m.Params)
+		built()
+		if err != nil {
+			p.log.Warn("terminal notification from the agent", "method", m.Method, "err", err)
+		}
+	})
+	if !started {
 		release()
 	}
 }

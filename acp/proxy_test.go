@@ -811,3 +811,35 @@ func TestWrapProxyMarksOutputItCouldNotShow(t *testing.T) {
 		t.Errorf("editor got %q, want terminal_exit", got)
 	}
 }
+
+// TestWrapProxyRunsTerminalNotifications: a terminal/release the agent
+// sends as a notification is done, and nothing answers it.
+func TestWrapProxyRunsTerminalNotifications(t *testing.T) {
+	e := newFakeEngine(t)
+	pp := startProxyWith(t, e.m)
+	pp.newSession(t, "s")
+	send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","id":2,"method":"terminal/create","params":{"sessionId":"s","command":"make"}}`+"\n")
+	var created struct {
+		Result CreateTerminalResponse `json:"result"`
+	}
+	if line := recv(t, pp.agent); json.Unmarshal([]byte(line), &created) != nil || created.Result.TerminalID == "" {
+		t.Fatalf("terminal/create answered %q", line)
+	}
+	ids := `{"sessionId":"s","terminalId":"` + created.Result.TerminalID + `"}`
+	send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","method":"terminal/release","params":`+ids+`}`+"\n")
+	deadline := time.Now().Add(10 * time.Second)
+	for id := 3; ; id++ {
+		send(t, pp.toProxyFromAgent, fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"terminal/output","params":%s}`, id, ids)+"\n")
+		line := recv(t, pp.agent)
+		if !strings.Contains(line, fmt.Sprintf(`"id":%d`, id)) {
+			t.Fatalf("got %q, want the answer to %d: something answered the notification", line, id)
+		}
+		if strings.Contains(line, `"code":-32002`) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("terminal still there after its release notification: %q", line)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

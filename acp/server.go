@@ -389,7 +389,7 @@ func (d *Dispatcher) Handle(ctx context.Context, conn *jsonrpc2.Conn, req *jsonr
 		return
 	}
 	if req.Notif {
-		d.log.Debug("ignored notification", "method", req.Method)
+		d.notified(ctx, req)
 		return
 	}
 	if d.inFlight(req.ID) {
@@ -414,12 +414,8 @@ func (d *Dispatcher) Handle(ctx context.Context, conn *jsonrpc2.Conn, req *jsonr
 		if req.Params != nil {
 			params = *req.Params
 		}
-		built, err := d.limit.build(rctx, req.Method)
-		var res any
-		if err == nil {
-			defer built() // after the reply is written
-			res, err = d.h.Handle(rctx, req.Method, params)
-		}
+		res, built, err := d.limit.run(rctx, d.h, req.Method, params)
+		defer built() // after the reply is written
 		// Before the reply: a peer may reuse the id as soon as it has it.
 		d.mu.Lock()
 		delete(d.pending, key)
@@ -433,6 +429,41 @@ func (d *Dispatcher) Handle(ctx context.Context, conn *jsonrpc2.Conn, req *jsonr
 			d.log.Debug("reply", "method", req.Method, "err", rerr)
 		}
 	}()
+}
+
+// notified acts on a notification that asks for something done without an
+// answer: JSON-RPC still runs it. Of the terminal methods only kill and
+// release mean anything without their answer.
+func (d *Dispatcher) notified(ctx context.Context, req *jsonrpc2.Request) {
+	if !actsWithoutAnswer(req.Method) {
+		d.log.Debug("ignored notification", "method", req.Method)
+		return
+	}
+	release, err := d.limit.acquire(req.Method)
+	if err != nil {
+		d.log.Warn("notification not run", "method", req.Method, "err", err)
+		return
+	}
+	var params json.RawMessage
+	if req.Params != nil {
+		params = *req.Params
+	}
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		defer release()
+		_, built, err := d.limit.run(ctx, d.h, req.Method, params)
+		built()
+		if err != nil {
+			d.log.Warn("notification", "method", req.Method, "err", err)
+		}
+	}()
+}
+
+// actsWithoutAnswer tells the terminal methods that do something when sent
+// as notifications.
+func actsWithoutAnswer(method string) bool {
+	return method == "terminal/kill" || method == "terminal/release"
 }
 
 // duplicateID refuses a request whose id one in flight already has: its

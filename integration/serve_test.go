@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -468,6 +469,41 @@ mode = "ro"
 	if want := "granted\none file\nread-only\n"; out != want {
 		t.Errorf("got %q (%s), want %q", out, exitCode(st), want)
 	}
+}
+
+// TestKillAndReleaseAsNotifications: terminal/kill and terminal/release
+// sent without an id are done, and answered with nothing, as JSON-RPC
+// has it for a notification.
+func TestKillAndReleaseAsNotifications(t *testing.T) {
+	srv := startServe(t, workspace(t))
+	c := srv.raw()
+	rep := c.call(t, 1, "terminal/create", map[string]any{"sessionId": "n", "command": "sleep", "args": []string{"306"}})
+	var created struct {
+		TerminalID string `json:"terminalId"`
+	}
+	if rep.Error != nil || jsonUnmarshal(rep.Result, &created) != nil {
+		t.Fatalf("create: %+v", rep)
+	}
+	ids := map[string]any{"sessionId": "n", "terminalId": created.TerminalID}
+	c.send(t, `{"jsonrpc":"2.0","method":"terminal/kill","params":{"sessionId":"n","terminalId":"`+created.TerminalID+`"}}`)
+	// The next line on stdout is this answer: the notification got none.
+	rep = c.call(t, 2, "terminal/wait_for_exit", ids)
+	var st struct {
+		Signal *string `json:"signal"`
+	}
+	if rep.Error != nil || jsonUnmarshal(rep.Result, &st) != nil || st.Signal == nil {
+		t.Fatalf("wait_for_exit after a kill notification: %+v", rep)
+	}
+	c.send(t, `{"jsonrpc":"2.0","method":"terminal/release","params":{"sessionId":"n","terminalId":"`+created.TerminalID+`"}}`)
+	id := 3
+	eventually(t, "the terminal released", 30*time.Second, func() bool {
+		id++
+		rep := c.call(t, id, "terminal/output", ids)
+		if string(rep.ID) != strconv.Itoa(id) {
+			t.Fatalf("answer to %d has id %s: something answered the notification", id, rep.ID)
+		}
+		return rep.Error != nil && rep.Error.Code == -32002
+	})
 }
 
 // TestCommandNotFoundIs127: a command the container does not have exits
