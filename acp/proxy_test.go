@@ -38,6 +38,20 @@ type proxyPeers struct {
 	cancel                              context.CancelFunc // cancels Run
 }
 
+// createTerminal has the agent create a terminal running make in session
+// s, with more params (e.g. `,"outputByteLimit":4`), and returns its id.
+func (pp *proxyPeers) createTerminal(t *testing.T, more string) string {
+	t.Helper()
+	send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","id":2,"method":"terminal/create","params":{"sessionId":"s","command":"make"`+more+`}}`+"\n")
+	var created struct {
+		Result CreateTerminalResponse `json:"result"`
+	}
+	if line := recv(t, pp.agent); json.Unmarshal([]byte(line), &created) != nil || created.Result.TerminalID == "" {
+		t.Fatalf("terminal/create answered %q", line)
+	}
+	return created.Result.TerminalID
+}
+
 // newSession has the editor open a session in a new directory, which the
 // agent answers with sid.
 func (pp *proxyPeers) newSession(t *testing.T, sid string) {
@@ -750,14 +764,7 @@ func TestWrapProxyFirstRefreshWaits(t *testing.T) {
 	e := newFakeEngine(t)
 	pp := startProxyWith(t, e.m)
 	pp.newSession(t, "s")
-	send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","id":2,"method":"terminal/create","params":{"sessionId":"s","command":"make"}}`+"\n")
-	var created struct {
-		Result CreateTerminalResponse `json:"result"`
-	}
-	if line := recv(t, pp.agent); json.Unmarshal([]byte(line), &created) != nil || created.Result.TerminalID == "" {
-		t.Fatalf("terminal/create answered %q", line)
-	}
-	id := created.Result.TerminalID
+	id := pp.createTerminal(t, ``)
 	// Taken before the tool call is sent, so the proxy's own moment of
 	// showing it is later: a slow test run cannot make the wait look short.
 	shown := time.Now()
@@ -789,14 +796,7 @@ func TestWrapProxyMarksOutputItCouldNotShow(t *testing.T) {
 	pp.p.editorMeta = true
 	pp.p.mu.Unlock()
 	pp.newSession(t, "s")
-	send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","id":2,"method":"terminal/create","params":{"sessionId":"s","command":"make","outputByteLimit":4}}`+"\n")
-	var created struct {
-		Result CreateTerminalResponse `json:"result"`
-	}
-	if line := recv(t, pp.agent); json.Unmarshal([]byte(line), &created) != nil || created.Result.TerminalID == "" {
-		t.Fatalf("terminal/create answered %q", line)
-	}
-	id := created.Result.TerminalID
+	id := pp.createTerminal(t, `,"outputByteLimit":4`)
 	send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c","content":[{"type":"terminal","terminalId":"`+id+`"}]}}}`+"\n")
 	if got := recv(t, pp.editor); !strings.Contains(got, `"terminal_info"`) {
 		t.Fatalf("editor got %q, want the tool call with terminal_info", got)
@@ -818,14 +818,7 @@ func TestWrapProxyRunsTerminalNotifications(t *testing.T) {
 	e := newFakeEngine(t)
 	pp := startProxyWith(t, e.m)
 	pp.newSession(t, "s")
-	send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","id":2,"method":"terminal/create","params":{"sessionId":"s","command":"make"}}`+"\n")
-	var created struct {
-		Result CreateTerminalResponse `json:"result"`
-	}
-	if line := recv(t, pp.agent); json.Unmarshal([]byte(line), &created) != nil || created.Result.TerminalID == "" {
-		t.Fatalf("terminal/create answered %q", line)
-	}
-	ids := `{"sessionId":"s","terminalId":"` + created.Result.TerminalID + `"}`
+	ids := `{"sessionId":"s","terminalId":"` + pp.createTerminal(t, ``) + `"}`
 	send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","method":"terminal/release","params":`+ids+`}`+"\n")
 	deadline := time.Now().Add(10 * time.Second)
 	for id := 3; ; id++ {
