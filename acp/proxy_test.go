@@ -836,3 +836,33 @@ func TestWrapProxyRunsTerminalNotifications(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestWrapProxyShowsALateTerminalAsTextToZed: Zed makes its terminal view
+// only from a tool_call; a terminal first shown in a tool_call_update
+// reaches it as text, refreshed, like any editor's.
+func TestWrapProxyShowsALateTerminalAsTextToZed(t *testing.T) {
+	e := newFakeEngine(t)
+	pp := startProxyWith(t, e.m)
+	pp.p.mu.Lock()
+	pp.p.editorMeta = true
+	pp.p.mu.Unlock()
+	pp.newSession(t, "s")
+	id := pp.createTerminal(t, ``)
+	call := `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c","title":"make"}}}` + "\n"
+	send(t, pp.toProxyFromAgent, call)
+	if got := recv(t, pp.editor); got != call {
+		t.Fatalf("editor got %q, want the tool call as it was", got)
+	}
+	send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call_update","toolCallId":"c","content":[{"type":"terminal","terminalId":"`+id+`"}]}}}`+"\n")
+	if got := recv(t, pp.editor); strings.Contains(got, "terminal_info") || strings.Contains(got, `"terminalId"`) || !strings.Contains(got, `"type":"text"`) {
+		t.Errorf("editor got %q, want the terminal as text", got)
+	}
+	e.output <- []byte("building\n")
+	if got := recv(t, pp.editor); !strings.Contains(got, `building\n`) {
+		t.Errorf("editor got %q, want a refresh with the output", got)
+	}
+	close(e.output)
+	if got := recv(t, pp.editor); !strings.Contains(got, `[exit code 0]`) {
+		t.Errorf("editor got %q, want the output with the exit code", got)
+	}
+}
