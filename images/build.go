@@ -23,7 +23,10 @@ import (
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
+	"github.com/distribution/reference"
 	"github.com/moby/moby/client"
+
+	"github.com/sandboxd/sandboxd/sandbox"
 )
 
 // DefaultRef is the base image sessions run unless configured otherwise.
@@ -69,10 +72,7 @@ func (b *Builder) Ensure(ctx context.Context, ref string) error {
 		return nil
 	}
 	if !cerrdefs.IsNotFound(err) {
-		if client.IsErrConnectionFailed(err) {
-			return fmt.Errorf("inspect image %s: %w (is the Docker Engine running? start it with `sudo systemctl start docker`, or point DOCKER_HOST at a running engine)", ref, err)
-		}
-		return fmt.Errorf("inspect image %s: %w", ref, err)
+		return fmt.Errorf("inspect image %s: %w", ref, sandbox.EngineError(err))
 	}
 	if ref != DefaultRef {
 		return fmt.Errorf("image %s is missing and no registry can be pulled from: build it with `docker build -t %s`, load it with `docker load`, or use the default image %s (`sandboxd image build`)", ref, ref, DefaultRef)
@@ -86,6 +86,14 @@ func (b *Builder) Ensure(ctx context.Context, ref string) error {
 // loads it into the engine tagged ref. Building twice from the same packages
 // gives the same layer digest and the same image id.
 func (b *Builder) Build(ctx context.Context, ref string) (Result, error) {
+	// Before the work: an engine that is not there, or a name it would
+	// not take, would only show at the load.
+	if _, err := reference.ParseNormalizedNamed(ref); err != nil {
+		return Result{}, fmt.Errorf("build image %s: %w", ref, err)
+	}
+	if _, err := b.Client.Ping(ctx, client.PingOptions{}); err != nil {
+		return Result{}, fmt.Errorf("build image %s: %w", ref, sandbox.EngineError(err))
+	}
 	start := time.Now()
 	b.progress("building base image %s from Debian packages %s", ref, strings.Join(Packages(), ", "))
 	entries, err := b.rootfs(ctx)
@@ -277,8 +285,26 @@ type debs struct {
 	progress func(format string, args ...any)
 }
 
+// leftoverAge is how old a staging or download directory in the cache must
+// be to count as left by a build that was killed: one under way now, in
+// another process, is younger.
+const leftoverAge = time.Hour
+
+// sweepLeftovers removes what builds that were killed left in the cache.
+func (d *debs) sweepLeftovers() {
+	for _, pattern := range []string{".staging-*", ".download-*"} {
+		dirs, _ := filepath.Glob(filepath.Join(d.cache, pattern))
+		for _, dir := range dirs {
+			if fi, err := os.Lstat(dir); err == nil && fi.IsDir() && time.Since(fi.ModTime()) > leftoverAge {
+				os.RemoveAll(dir)
+			}
+		}
+	}
+}
+
 // rootfs unpacks the packages and lays out the image's files.
 func (d *debs) rootfs(ctx context.Context) ([]Entry, error) {
+	d.sweepLeftovers()
 	// The cache is private and checked, and unlike TMPDIR it is seldom on
 	// a noexec mount, where the staged busybox could not be run.
 	staging, err := os.MkdirTemp(d.cache, ".staging-")
@@ -420,8 +446,13 @@ func extract(ctx context.Context, pkg, deb, dest string) error {
 		return fmt.Errorf("unpack %s: %w", pkg, err)
 	}
 	out, err := exec.CommandContext(ctx, "dpkg-deb", "-x", deb, dest).CombinedOutput()
-	if err != nil {
+	switch {
+	case errors.Is(err, exec.ErrNotFound):
+		return fmt.Errorf("unpack %s: dpkg-deb is not installed (on Debian or Ubuntu: apt-get install dpkg): %w", pkg, err)
+	case err != nil && len(bytes.TrimSpace(out)) > 0:
 		return fmt.Errorf("unpack %s: dpkg-deb -x %s: %w: %s", pkg, deb, err, bytes.TrimSpace(out))
+	case err != nil:
+		return fmt.Errorf("unpack %s: dpkg-deb -x %s: %w", pkg, deb, err)
 	}
 	return nil
 }

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
@@ -746,5 +747,61 @@ func TestRootfsFromUsrBinPackagesStagesInCache(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(tmp); len(ents) != 0 {
 		t.Errorf("TMPDIR holds %d entries; staging should not be there", len(ents))
+	}
+}
+
+// TestBuildChecksFirst: a reference the engine would refuse, or an engine
+// that is not there, fails the build before any work, with the reason.
+func TestBuildChecksFirst(t *testing.T) {
+	cli, err := client.New(client.WithHost("unix:///nonexistent/docker.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ ref, want string }{
+		{"Not/Lower:1", "must be lowercase"},
+		{DefaultRef, "is the Docker Engine running?"},
+	} {
+		var progress bytes.Buffer
+		b := Builder{Client: cli, Progress: &progress}
+		_, err := b.Build(context.Background(), tc.ref)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Build(%q) = %v, want an error saying %q", tc.ref, err, tc.want)
+		}
+		if progress.Len() > 0 {
+			t.Errorf("Build(%q) started work: %q", tc.ref, progress.String())
+		}
+	}
+}
+
+// TestSweepLeftovers: staging and download directories a killed build left
+// in the cache go at the next build; those of a build under way, younger,
+// and anything else stay.
+func TestSweepLeftovers(t *testing.T) {
+	cache := t.TempDir()
+	old := time.Now().Add(-2 * leftoverAge)
+	for name, age := range map[string]time.Time{
+		".staging-old": old, ".download-old": old,
+		".staging-new": time.Now(), ".download-new": time.Now(),
+		"keep-old": old,
+	} {
+		dir := filepath.Join(cache, name)
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(dir, age, age); err != nil {
+			t.Fatal(err)
+		}
+	}
+	(&debs{cache: cache}).sweepLeftovers()
+	entries, err := os.ReadDir(cache)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	for _, e := range entries {
+		left = append(left, e.Name())
+	}
+	if want := []string{".download-new", ".staging-new", "keep-old"}; !slices.Equal(left, want) {
+		t.Errorf("left %q, want %q", left, want)
 	}
 }

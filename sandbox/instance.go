@@ -281,7 +281,7 @@ func GC(ctx context.Context, cli *client.Client, log *slog.Logger, opts GCOption
 		Filters: make(client.Filters).Add("label", LabelInstance),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("gc: list containers: %w", engineError(err))
+		return nil, fmt.Errorf("gc: list containers: %w", EngineError(err))
 	}
 	var removed []string
 	var errs []error

@@ -87,7 +87,7 @@ func (m *Manager) releaseOutput(n int) {
 func NewManager(ctx context.Context, cli *client.Client, cfg Config, log *slog.Logger) (*Manager, error) {
 	info, err := cli.Info(ctx, client.InfoOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("connect to engine: %w", engineError(err))
+		return nil, fmt.Errorf("connect to engine: %w", EngineError(err))
 	}
 	in, err := NewInstance()
 	if err != nil {
@@ -480,7 +480,7 @@ func (m *Manager) removeLeftovers(ctx context.Context) error {
 		Filters: make(client.Filters).Add("label", LabelInstance+"="+m.instance.ID),
 	})
 	if err != nil {
-		return fmt.Errorf("remove leftover containers: %w", engineError(err))
+		return fmt.Errorf("remove leftover containers: %w", EngineError(err))
 	}
 	var errs []error
 	for _, c := range list.Items {
@@ -521,7 +521,9 @@ func (m *Manager) reapIdle(timeout time.Duration) {
 }
 
 // engineError turns "cannot connect" into a message that says what to do.
-func engineError(err error) error {
+// EngineError adds to an error that says the engine could not be reached
+// what to do about it.
+func EngineError(err error) error {
 	if client.IsErrConnectionFailed(err) {
 		return fmt.Errorf("%w (is the Docker Engine running? start it with `sudo systemctl start docker`, or point DOCKER_HOST at a running engine)", err)
 	}

@@ -495,7 +495,7 @@ func (s *Session) start(ctx context.Context) error {
 		if isNotFound(err) {
 			return fmt.Errorf("open session %s: image %s is missing: build it with `sandboxd image build` (or load it with `docker load`): %w", s.ID, spec.Image, err)
 		}
-		return fmt.Errorf("open session %s: create container: %w", s.ID, engineError(err))
+		return fmt.Errorf("open session %s: create container: %w", s.ID, EngineError(err))
 	}
 	s.mu.Lock()
 	closed := s.closed
@@ -513,7 +513,7 @@ func (s *Session) start(ctx context.Context) error {
 	}
 	if _, err := m.cli.ContainerStart(ctx, created.ID, client.ContainerStartOptions{}); err != nil {
 		s.removeContainer()
-		return fmt.Errorf("open session %s: start container: %w", s.ID, engineError(err))
+		return fmt.Errorf("open session %s: start container: %w", s.ID, EngineError(err))
 	}
 	if err := s.verifyMounts(ctx, checks); err != nil {
 		s.removeContainer()

@@ -292,12 +292,12 @@ func (t *Terminal) start(ctx context.Context, cwd string) error {
 		if isNotFound(err) {
 			return fmt.Errorf("create terminal in session %s: the session's container is gone: %w", s.ID, err)
 		}
-		return fmt.Errorf("create terminal in session %s: %w", s.ID, engineError(err))
+		return fmt.Errorf("create terminal in session %s: %w", s.ID, EngineError(err))
 	}
 	t.execID = ex.ID
 	att, err := cli.ExecAttach(ctx, ex.ID, client.ExecAttachOptions{TTY: t.cmd.TTY, ConsoleSize: size})
 	if err != nil {
-		return fmt.Errorf("start terminal %s: %w", t.ID, engineError(err))
+		return fmt.Errorf("start terminal %s: %w", t.ID, EngineError(err))
 	}
 	t.mu.Lock()
 	closed := t.closed
