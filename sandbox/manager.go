@@ -89,6 +89,11 @@ func NewManager(ctx context.Context, cli *client.Client, cfg Config, log *slog.L
 	if err != nil {
 		return nil, fmt.Errorf("connect to engine: %w", EngineError(err))
 	}
+	// The configuration was checked against this host's CPUs; a remote
+	// engine, or one in a VM, may have fewer, and every session would fail.
+	if err := cfg.Session.Limits().Validate(info.Info.NCPU); err != nil {
+		return nil, fmt.Errorf("connect to engine: the session limits do not fit the engine, which has %d CPUs: %w", info.Info.NCPU, err)
+	}
 	in, err := NewInstance()
 	if err != nil {
 		return nil, err
