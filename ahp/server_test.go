@@ -1101,6 +1101,7 @@ func TestErrorsCutWhatThePeerSent(t *testing.T) {
 		{name: "createTerminal claim", req: `{"jsonrpc":"2.0","id":1,"method":"createTerminal","params":{"channel":"ahp-terminal:/n","claim":{"kind":"LONG"}}}`, want: "is neither client nor session"},
 		{name: "createTerminal cwd", req: `{"jsonrpc":"2.0","id":1,"method":"createTerminal","params":{"channel":"ahp-terminal:/n","claim":{"kind":"client","clientId":"c"},"cwd":"http://h/MID"}}`, want: "is not a file URI"},
 		{name: "createTerminal long cwd", req: `{"jsonrpc":"2.0","id":1,"method":"createTerminal","params":{"channel":"ahp-terminal:/n","claim":{"kind":"client","clientId":"c"},"cwd":"file:///LONG"}}`, want: "cwd longer than"},
+		{name: "createTerminal long name", req: `{"jsonrpc":"2.0","id":1,"method":"createTerminal","params":{"channel":"ahp-terminal:/n","claim":{"kind":"client","clientId":"c"},"name":"LONG"}}`, want: "name longer than"},
 		{name: "action on an unknown terminal", req: `{"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":"ahp-terminal:/LONG","clientSeq":1,"action":{"type":"terminal/input","data":"x"}}}`, want: "unknown terminal"},
 		{name: "action of an unknown type", req: `{"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":"ahp-terminal:/t","clientSeq":1,"action":{"type":"LONG"}}}`, want: "cannot be dispatched by a client"},
 		{name: "action on the root channel", req: `{"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":"ahp-root://","clientSeq":1,"action":{"type":"LONG"}}}`, want: "on the root channel"},

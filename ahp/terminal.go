@@ -101,6 +101,10 @@ func (s *Server) createTerminal(ctx context.Context, params json.RawMessage) (an
 	if p.Cols > maxSize || p.Rows > maxSize {
 		return nil, invalid("createTerminal: cols and rows must be at most %d", maxSize)
 	}
+	if len(p.Name) > maxTitle {
+		// The name is the terminal's first title, bounded like any.
+		return nil, invalid("createTerminal: name longer than %d bytes", maxTitle)
+	}
 	if len(p.Cwd) > maxURI {
 		// Refused here, as what refuses it later may quote it whole.
 		return nil, invalid("createTerminal: cwd longer than %d bytes", maxURI)
