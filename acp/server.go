@@ -272,7 +272,8 @@ func (s *LineStream) ReadObject(v any) error {
 		}
 		json.Unmarshal(line, &head) // a message that is no object fails below
 		id := head.ID
-		if line[0] == '{' && (head.JSONRPC == nil || *head.JSONRPC != "2.0") {
+		first := bytes.TrimLeft(line, " \t\r\n")
+		if first[0] == '{' && (head.JSONRPC == nil || *head.JSONRPC != "2.0") {
 			// The library ignores the member; JSON-RPC 2.0 says it must
 			// be there and be exactly "2.0".
 			s.replyError(id, CodeInvalidRequest, `invalid request: "jsonrpc" must be "2.0"`)
@@ -301,7 +302,7 @@ func (s *LineStream) ReadObject(v any) error {
 		reflect.ValueOf(v).Elem().SetZero()
 		if err := json.Unmarshal(line, v); err != nil {
 			msg := "invalid request: not a JSON-RPC 2.0 message (an id is a number or a string, a method a string, params an object)"
-			if line[0] == '[' {
+			if first[0] == '[' {
 				msg = "invalid request: batches are not supported"
 			}
 			// The id as the peer wrote it, not as rewritten above.

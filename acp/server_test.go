@@ -103,6 +103,7 @@ func TestLineStreamSurvivesBadLines(t *testing.T) {
 		{"no jsonrpc member", `{"id":8,"method":"echo","params":{}}`, CodeInvalidRequest},
 		{"jsonrpc 1.0", `{"jsonrpc":"1.0","id":9,"method":"echo","params":{}}`, CodeInvalidRequest},
 		{"jsonrpc a number", `{"jsonrpc":2.0,"id":10,"method":"echo","params":{}}`, CodeInvalidRequest},
+		{"no jsonrpc member after a space", ` 	{"id":11,"method":"echo","params":{}}`, CodeInvalidRequest},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

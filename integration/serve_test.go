@@ -506,6 +506,35 @@ func TestKillAndReleaseAsNotifications(t *testing.T) {
 	})
 }
 
+// TestUnverifiableMountsAreRefused: when stat in the container cannot
+// look at a mount target (one below a directory the session user may not
+// enter), the session is refused with stat's reason, rather than opened
+// with none of its mounts verified.
+func TestUnverifiableMountsAreRefused(t *testing.T) {
+	ws := workspace(t)
+	closed, open := t.TempDir(), t.TempDir() // root's
+	if err := os.Chmod(closed, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	srv := startServeWithConfig(t, ws, fmt.Sprintf(`
+[[session.mounts]]
+source = %q
+target = "/opt/closed"
+[[session.mounts]]
+source = %q
+target = "/opt/closed/inner"
+`, closed, open))
+	a := srv.agent()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: "s", Command: "true"})
+	if err == nil || !strings.Contains(rpcMessage(err), "verify mounts") || !strings.Contains(rpcMessage(err), "Permission denied") {
+		t.Errorf("create with a mount stat cannot reach: %v, want it refused with stat's reason", err)
+	}
+	// The spare container, refused the same way, goes too.
+	eventually(t, "no container left", 30*time.Second, func() bool { return len(containersOf(t, srv.cmd.Process.Pid)) == 0 })
+}
+
 // TestCommandNotFoundIs127: a command the container does not have exits
 // 127, as in a shell, with the engine's reason as its output; one it has
 // but cannot run stays 126.

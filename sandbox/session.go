@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -278,6 +277,12 @@ func (s *Session) verifyMounts(ctx context.Context, checks []mountCheck) error {
 		cmd = append(cmd, c.target)
 	}
 	out, err := s.execOutput(ctx, cmd)
+	var ee *execError
+	if errors.As(err, &ee) && !ee.missing() {
+		// stat ran and could not look at one of them (a target the
+		// session user may not reach): nothing was verified.
+		return fmt.Errorf("verify mounts: %w", err)
+	}
 	if err != nil {
 		// An image without stat cannot be asked; that is only let pass
 		// when no session here can write above a source (one of another
@@ -967,8 +972,8 @@ func (s *Session) execOutput(ctx context.Context, cmd []string) ([]byte, error) 
 		return nil, err
 	}
 	defer att.Close()
-	var out bytes.Buffer
-	if _, err := stdcopy.StdCopy(&out, io.Discard, att.Reader); err != nil {
+	var out, errOut bytes.Buffer
+	if _, err := stdcopy.StdCopy(&out, &errOut, att.Reader); err != nil {
 		return out.Bytes(), err
 	}
 	code, err := waitExec(ctx, cli, ex.ID)
@@ -976,10 +981,29 @@ func (s *Session) execOutput(ctx context.Context, cmd []string) ([]byte, error) 
 		return out.Bytes(), err
 	}
 	if code != 0 {
-		return out.Bytes(), fmt.Errorf("%s exited with %d", cmd[0], code)
+		return out.Bytes(), &execError{cmd: cmd[0], code: code, stderr: string(bytes.TrimSpace(errOut.Bytes()))}
 	}
 	return out.Bytes(), nil
 }
+
+// execError is a command of sandboxd's own that ran in a container and
+// failed.
+type execError struct {
+	cmd    string
+	code   int
+	stderr string
+}
+
+func (e *execError) Error() string {
+	if e.stderr == "" {
+		return fmt.Sprintf("%s exited with %d", e.cmd, e.code)
+	}
+	return fmt.Sprintf("%s exited with %d: %.500s", e.cmd, e.code, e.stderr)
+}
+
+// missing reports whether the command could not be run at all: the image
+// does not have it (126 and 127, as the engine and a shell say).
+func (e *execError) missing() bool { return e.code == 126 || e.code == 127 }
 
 // waitExec polls until the exec is no longer running and returns its exit
 // code. The stream's EOF comes first; the engine records the exit a moment

@@ -297,6 +297,9 @@ func (t *Terminal) start(ctx context.Context, cwd string) error {
 	t.execID = ex.ID
 	att, err := cli.ExecAttach(ctx, ex.ID, client.ExecAttachOptions{TTY: t.cmd.TTY, ConsoleSize: size})
 	if err != nil {
+		// The engine may have started the command all the same (the
+		// attach timed out): the sweep ends what carries its marker.
+		s.sweepLater(t.ID)
 		return fmt.Errorf("start terminal %s: %w", t.ID, EngineError(err))
 	}
 	t.mu.Lock()
@@ -459,8 +462,8 @@ func (t *Terminal) Exited() bool {
 
 // Output returns the retained output, whether any was dropped, and the exit
 // status once the command has exited. It never waits. The output is text
-// as ACP sends it: valid UTF-8, bytes that are no part of a character
-// shown as U+FFFD, and still within the buffer's limit.
+// as ACP sends it: valid UTF-8 (each run of bytes that are no part of a
+// character shown as one U+FFFD), and still within the buffer's limit.
 func (t *Terminal) Output() (out []byte, truncated bool, status *ExitStatus) {
 	// Read the status before the output: once done is closed the output is
 	// final, so a status never comes with output that is still growing.
