@@ -74,10 +74,20 @@ func newInstance(dir string) (*Instance, error) {
 	// directory put there meanwhile gets the lock.
 	name := filepath.Join(dir, id+".lock")
 	fd, err := syscall.Openat(int(d.Fd()), id+".lock", syscall.O_CREAT|syscall.O_EXCL|syscall.O_RDWR|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o644)
+	if errors.Is(err, syscall.EACCES) {
+		return nil, fmt.Errorf("new instance %s: create lock %s: %w: the lock directory must be writable by every user of sandboxd (sudo chmod 1777 %s)", id, name, err, dir)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("new instance %s: create lock %s: %w", id, name, err)
 	}
 	f := os.NewFile(uintptr(fd), name)
+	// Readable by all whatever the umask: another user's gc tells a live
+	// instance by trying the lock.
+	if err := f.Chmod(0o644); err != nil {
+		f.Close()
+		os.Remove(name)
+		return nil, fmt.Errorf("new instance %s: %w", id, err)
+	}
 	if err := syscall.Flock(fd, syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		f.Close()
 		os.Remove(name)
@@ -208,15 +218,17 @@ func (h localHost) instanceAlive(labels map[string]string) bool {
 	if id == "" || id != filepath.Base(id) {
 		return false
 	}
+	// No instance of an earlier boot still runs, whatever its lock file
+	// (one that another user's umask made unreadable) or its pid says.
+	if b := labels[LabelBoot]; b != "" && h.boot != "" && b != h.boot {
+		return false
+	}
 	name := filepath.Join(h.lockDir, id+".lock")
-	f, err := os.Open(name)
+	// Not following a link, nor waiting on a FIFO someone put there.
+	f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if errors.Is(err, os.ErrNotExist) {
-		// Without its lock (removed, or /tmp emptied at boot), only the
-		// pid is left, and a pid of another boot means nothing. A lock
-		// that is there is free after a reboot anyway.
-		if b := labels[LabelBoot]; b != "" && h.boot != "" && b != h.boot {
-			return false
-		}
+		// Without its lock (removed, or /tmp emptied), only the pid is
+		// left.
 		pid, _ := strconv.Atoi(labels[LabelPid])
 		return pid > 0 && processExists(syscall.Kill(pid, 0))
 	}

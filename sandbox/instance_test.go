@@ -134,8 +134,9 @@ func TestNewInstanceLockDir(t *testing.T) {
 			if want := os.ModeDir | os.ModeSticky | 0o777; fi.Mode() != want {
 				t.Errorf("mode %v, want %v", fi.Mode(), want)
 			}
-			if _, err := os.Stat(filepath.Join(dir, in.ID+".lock")); err != nil {
-				t.Errorf("lock file: %v", err)
+			// Readable by every user's gc, whatever the umask.
+			if fi, err := os.Stat(filepath.Join(dir, in.ID+".lock")); err != nil || fi.Mode() != 0o644 {
+				t.Errorf("lock file: %v, %v; want mode 0644", fi, err)
 			}
 		})
 	}
@@ -158,7 +159,10 @@ func TestInstanceAlive(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer live.Close()
-	here := localHost{name: live.Host, boot: "boot-now", lockDir: dir}
+	if live.Boot == "" {
+		live.Boot = "boot-now" // a host that does not say
+	}
+	here := localHost{name: live.Host, boot: live.Boot, lockDir: dir}
 	// No lock file: only the pid and boot are left to judge by.
 	lost := func(pid int, boot string) map[string]string {
 		l := map[string]string{LabelInstance: "0123456789ab", LabelHost: live.Host, LabelPid: strconv.Itoa(pid)}
@@ -175,8 +179,8 @@ func TestInstanceAlive(t *testing.T) {
 	}{
 		{"lock held", live.Labels("s"), true},
 		{"another host", map[string]string{LabelInstance: "0123456789ab", LabelHost: "elsewhere"}, true},
-		{"lock gone, process there", lost(os.Getpid(), "boot-now"), true},
-		{"lock gone, process gone", lost(noSuchPid, "boot-now"), false},
+		{"lock gone, process there", lost(os.Getpid(), live.Boot), true},
+		{"lock gone, process gone", lost(noSuchPid, live.Boot), false},
 		{"lock gone, pid of another boot", lost(os.Getpid(), "boot-then"), false},
 		{"lock gone, no boot label", lost(os.Getpid(), ""), true},
 		{"no instance id", map[string]string{LabelHost: live.Host}, false},
@@ -194,7 +198,7 @@ func TestInstanceAlive(t *testing.T) {
 		if err := os.WriteFile(name, nil, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		labels := map[string]string{LabelInstance: "ba0123456789", LabelHost: live.Host, LabelPid: strconv.Itoa(os.Getpid()), LabelBoot: "boot-now"}
+		labels := map[string]string{LabelInstance: "ba0123456789", LabelHost: live.Host, LabelPid: strconv.Itoa(os.Getpid()), LabelBoot: live.Boot}
 		if here.instanceAlive(labels) {
 			t.Error("alive with its lock free")
 		}
