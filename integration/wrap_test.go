@@ -703,6 +703,21 @@ func TestNestedDirectoriesMountOnce(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(sub, "made")); err != nil || string(b) != "made\nmade\n" {
 		t.Errorf("files made in the inner directory, on the host: %q, %v", b, err)
 	}
+	// Inside, but a filesystem of its own, which the outer mount, not
+	// recursive, does not show: mounted after all (mounting takes root,
+	// which CI has).
+	if os.Geteuid() == 0 {
+		data := subdir(t, ws, "data")
+		if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "uid=1000,gid=1000", "data", data).CombinedOutput(); err != nil {
+			t.Fatalf("mount tmpfs at %s: %v: %s", data, err, out)
+		}
+		t.Cleanup(func() { exec.Command("umount", "-l", data).Run() })
+		writeFile(t, filepath.Join(data, "f"), "own filesystem")
+		sid := w.newSession(t, ctx, ws, data)
+		if got := w.prompt(t, ctx, sid, "run cat "+filepath.Join(data, "f")); got != "exit=0 output=own filesystem" {
+			t.Errorf("a session directory on a filesystem of its own inside the workspace: %q", got)
+		}
+	}
 	// A directory inside that is a link elsewhere cannot be shown through
 	// the outer mount. (Apart from the workspace the other sessions may
 	// write, where such a link is refused anyway.)

@@ -342,6 +342,7 @@ func TestPlanBinds(t *testing.T) {
 	for _, tc := range []struct {
 		name             string
 		targets, sources []string
+		devs             []uint64
 		want             []bind
 		err              string
 	}{
@@ -357,13 +358,21 @@ func TestPlanBinds(t *testing.T) {
 			want: []bind{{"/a", "/a"}}},
 		{name: "the same twice", targets: []string{"/w", "/w"}, sources: []string{"/w", "/w"},
 			want: []bind{{"/w", "/w"}}},
+		// A nested directory on a filesystem of its own is not shown by
+		// the outer mount, which is not recursive.
+		{name: "nested on another filesystem", targets: []string{"/w", "/w/data"}, sources: []string{"/w", "/w/data"}, devs: []uint64{1, 2},
+			want: []bind{{"/w", "/w"}, {"/w/data", "/w/data"}}},
+		{name: "nested on the same filesystem", targets: []string{"/w", "/w/sub"}, sources: []string{"/w", "/w/sub"}, devs: []uint64{1, 1},
+			want: []bind{{"/w", "/w"}}},
+		{name: "three deep, the middle its own", targets: []string{"/a/b/c", "/a/b", "/a"}, sources: []string{"/a/b/c", "/a/b", "/a"}, devs: []uint64{2, 2, 1},
+			want: []bind{{"/a/b", "/a/b"}, {"/a", "/a"}}},
 		{name: "nested through a link", targets: []string{"/w", "/w/link"}, sources: []string{"/w", "/elsewhere"},
 			err: `"/w/link" lies inside "/w", which is mounted too, but resolves to /elsewhere`},
 		{name: "workspace through a link in an extra", targets: []string{"/a/proj", "/a"}, sources: []string{"/a/real/proj", "/a"},
 			err: `"/a/proj" lies inside "/a"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := planBinds(tc.targets, tc.sources)
+			got, err := planBinds(tc.targets, tc.sources, tc.devs)
 			if tc.err != "" {
 				if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.err) {
 					t.Fatalf("planBinds = %v, %v; want an ErrInvalid containing %q", got, err, tc.err)

@@ -465,7 +465,11 @@ func (s *Session) start(ctx context.Context) error {
 	s.mountSources = real
 	s.mu.Unlock()
 	s.user = user
-	binds, err := planBinds(append([]string{spec.Workspace}, spec.ExtraDirs...), real)
+	devs := make([]uint64, len(checks))
+	for i, c := range checks {
+		devs[i] = c.dev
+	}
+	binds, err := planBinds(append([]string{spec.Workspace}, spec.ExtraDirs...), real, devs)
 	if err != nil {
 		return fmt.Errorf("open session %s: %w", s.ID, err)
 	}
@@ -540,11 +544,14 @@ type bind struct{ source, target string }
 // the mount anywhere in the container, where the check from inside does
 // not look. The outer mount shows the nested directory already, when its
 // source is the outer source's own subdirectory; one that resolves
-// elsewhere cannot be shown safely and is refused.
-func planBinds(targets, sources []string) ([]bind, error) {
+// elsewhere cannot be shown safely and is refused. A nested directory on
+// a filesystem of its own (devs differ) is mounted after all, since the
+// outer mount, not recursive, shows only the directory under it; the check
+// from inside then looks at it like at any other.
+func planBinds(targets, sources []string, devs []uint64) ([]bind, error) {
 	binds := make([]bind, 0, len(targets))
-next:
 	for i, t := range targets {
+		shown := false
 		for j, o := range targets {
 			if i == j || !Within(o, t) || t == o && j > i {
 				continue
@@ -553,9 +560,13 @@ next:
 			if err != nil || sources[i] != filepath.Join(sources[j], rel) {
 				return nil, fmt.Errorf("%w: workspace: %q lies inside %q, which is mounted too, but resolves to %s; name it by that path or leave it out", ErrInvalid, t, o, sources[i])
 			}
-			continue next
+			if t == o || devs == nil || devs[i] == devs[j] {
+				shown = true
+			}
 		}
-		binds = append(binds, bind{source: sources[i], target: t})
+		if !shown {
+			binds = append(binds, bind{source: sources[i], target: t})
+		}
 	}
 	return binds, nil
 }
