@@ -409,9 +409,18 @@ func TestGitMetadataIsReadOnly(t *testing.T) {
 	worktree := workspace(t)
 	writeFile(t, filepath.Join(worktree, ".git"), "gitdir: "+repo+"/.git\n")
 	own(t, filepath.Join(worktree, ".git"))
+	// git clone --separate-git-dir: the .git file names a directory in
+	// the workspace, which holds the config.
+	separate := workspace(t)
+	writeFile(t, filepath.Join(separate, ".git"), "gitdir: meta\n")
+	own(t, filepath.Join(separate, ".git"))
+	meta := filepath.Join(subdir(t, separate, "meta"), "config")
+	writeFile(t, meta, "[core]\n")
+	own(t, meta)
 	try := "{ echo '\tfsmonitor = ./evil' >> .git/config && echo changed config; " +
 		"echo 'gitdir: /tmp/evil' > .git && echo changed file; " +
 		"mv .git .git-old && echo moved; " +
+		"echo '\tfsmonitor = ./evil' >> meta/config && echo changed meta; " +
 		"cat .git/config .git | head -1; touch ok && echo wrote; } 2>/dev/null"
 	for _, tc := range []struct {
 		name, config string
@@ -420,6 +429,7 @@ func TestGitMetadataIsReadOnly(t *testing.T) {
 	}{
 		{"repository", "", repo, "[core]\nwrote\n"},
 		{"worktree", "", worktree, "gitdir: " + repo + "/.git\nwrote\n"},
+		{"separate git directory", "", separate, "gitdir: meta\nwrote\n"},
 		{"not protected", "[session]\nprotect_git = false\n", repo, "changed config\nmoved\nwrote\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

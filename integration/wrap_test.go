@@ -734,6 +734,27 @@ func TestNestedDirectoriesMountOnce(t *testing.T) {
 	}
 }
 
+// TestSpareOfAnotherRepositoryIsNotTaken: the spare container started
+// before the workspace had a repository has no read-only mount over its
+// .git; a session opened after `git init` on the host gets one that has.
+func TestSpareOfAnotherRepositoryIsNotTaken(t *testing.T) {
+	ws := workspace(t)
+	w := startWrap(t, ws, acpsdk.ClientCapabilities{})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	eventually(t, "the spare container ready", time.Minute, func() bool { return strings.Contains(w.logs.String(), "spare container ready") })
+	config := filepath.Join(subdir(t, ws, ".git"), "config")
+	writeFile(t, config, "[core]\n")
+	own(t, config)
+	sid := w.newSession(t, ctx, ws)
+	if got := w.prompt(t, ctx, sid, "run { echo x >> .git/config && echo changed; } 2>/dev/null; cat .git/config"); got != "exit=0 output=[core]\n" {
+		t.Errorf("a session opened after the repository was made: %q, want its .git read-only", got)
+	}
+	if !strings.Contains(w.logs.String(), "spare container dropped") {
+		t.Error("the spare was not dropped")
+	}
+}
+
 func TestWrapAgentCrashLeavesNothing(t *testing.T) {
 	ws := workspace(t)
 	w := startWrap(t, ws, acpsdk.ClientCapabilities{})

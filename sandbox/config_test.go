@@ -454,3 +454,59 @@ func TestSessionUser(t *testing.T) {
 		})
 	}
 }
+
+func TestGitMetadataOf(t *testing.T) {
+	root := t.TempDir()
+	dir := func(p string) string {
+		if err := os.MkdirAll(filepath.Join(root, p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return filepath.Join(root, p)
+	}
+	file := func(p, text string) {
+		if err := os.WriteFile(filepath.Join(root, p), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir("repo/.git")
+	dir("main/.git/worktrees/wt")
+	file("main/.git/worktrees/wt/commondir", "../..\n")
+	dir("wt")
+	file("wt/.git", "gitdir: "+filepath.Join(root, "main/.git/worktrees/wt")+"\n")
+	dir("sep/meta")
+	file("sep/.git", "gitdir: meta\n")
+	dir("outside/.git")
+	dir("pointer")
+	file("pointer/.git", "gitdir: "+filepath.Join(root, "outside/.git")+"\n")
+	dir("linked/real")
+	if err := os.Symlink("real", filepath.Join(root, "linked/.git")); err != nil {
+		t.Fatal(err)
+	}
+	dir("plain")
+	r := func(ps ...string) []string {
+		var out []string
+		for _, p := range ps {
+			out = append(out, filepath.Join(root, p))
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name string
+		real []string
+		want []string
+	}{
+		{"a repository", r("repo"), r("repo/.git")},
+		{"no repository", r("plain"), nil},
+		{"a worktree with its repository", r("wt", "main"), r("wt/.git", "main/.git/worktrees/wt", "main/.git")},
+		{"a worktree alone: its repository is not in the container", r("wt"), r("wt/.git")},
+		{"a separate git directory", r("sep"), r("sep/.git", "sep/meta")},
+		{"a pointer to what is not in the container", r("pointer"), r("pointer/.git")},
+		{"a link", r("linked"), r("linked/real")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := gitMetadataOf(tc.real); !slices.Equal(got, tc.want) {
+				t.Errorf("gitMetadataOf = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

@@ -223,6 +223,14 @@ func (m *Manager) reserve(key string, spec SessionSpec) (*Session, int, error) {
 	if len(m.sessions)+len(m.detached) >= int(m.cfg.Server.MaxSessions) {
 		return nil, 0, fmt.Errorf("open session %s: %w: %d sessions are open (server.max_sessions)", spec.ID, ErrLimit, m.cfg.Server.MaxSessions)
 	}
+	if s := m.spare; s != nil && !s.gitUnchanged() {
+		// A repository was made in the workspace since the spare started:
+		// it has no read-only mount there. A new one will.
+		m.spare = nil
+		m.log.Info("spare container dropped: the workspace's git metadata changed", "container", s.contID[:12])
+		m.wg.Go(func() { s.removeContainer() })
+		m.refillSpare()
+	}
 	if s := m.spare; s != nil && spareFits(s.spec, spec) {
 		m.spare = nil
 		s.key, s.ID = key, spec.ID
@@ -290,7 +298,9 @@ func (m *Manager) refillSpare() {
 		m.mu.Unlock()
 		if !keep {
 			s.removeContainer()
+			return
 		}
+		m.log.Debug("spare container ready", "container", s.contID[:12])
 	}()
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -56,9 +57,12 @@ type Session struct {
 	// mountSources are the workspace and extra directories, links
 	// resolved, once the session has checked them (guarded by mu).
 	mountSources []string
-	ready        chan struct{}
-	err          error // set before ready is closed
-	contID       string
+	// gitSeen is the git metadata protectGit found, for a spare to be
+	// adopted only while it is still what is there.
+	gitSeen []gitFile
+	ready   chan struct{}
+	err     error // set before ready is closed
+	contID  string
 
 	mu        sync.Mutex
 	terminals map[string]*Terminal
@@ -473,7 +477,7 @@ func (s *Session) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("open session %s: %w", s.ID, err)
 	}
-	protected, gitChecks, err := s.protectGit(append([]string{spec.Workspace}, spec.ExtraDirs...), real)
+	protected, gitChecks, err := s.protectGit(real, binds)
 	if err != nil {
 		return fmt.Errorf("open session %s: %w", s.ID, err)
 	}
@@ -571,36 +575,144 @@ func planBinds(targets, sources []string, devs []uint64) ([]bind, error) {
 	return binds, nil
 }
 
-// protectGit plans a read-only mount over the .git of each writable
-// session directory (targets, their sources in real): a command that could
-// write there could set a hook, core.fsmonitor or a filter that the
-// person's own git runs on the host, outside any sandbox, at the editor's
-// next `git status`. The mount point also cannot be renamed or removed
+// protectGit plans read-only mounts over the git metadata of the session
+// directories (real, their sources with links resolved; binds, what is
+// mounted): a command that could write there could set a hook,
+// core.fsmonitor or a filter that the person's own git runs on the host,
+// outside any sandbox, at the editor's next `git status`. Each is mounted
+// wherever a bind shows it, and a mount point cannot be renamed or removed
 // from inside, so no other .git takes its place. The checks make the
-// started container show the very .git that was checked there.
-func (s *Session) protectGit(targets, real []string) ([]bind, []mountCheck, error) {
+// started container show the very files that were checked there.
+func (s *Session) protectGit(real []string, binds []bind) ([]bind, []mountCheck, error) {
 	c := s.m.cfg.Session
 	if !c.ProtectGit || c.WorkspaceMode == "ro" {
 		return nil, nil, nil
 	}
-	var binds []bind
-	var checks []mountCheck
-	for i, t := range targets {
-		st, ok, err := gitMetadata(real[i])
-		if err != nil {
-			return nil, nil, fmt.Errorf("%w: workspace: %q changed while it was checked: %v", ErrInvalid, t, err)
-		}
-		if !ok {
-			continue
-		}
-		b := bind{source: filepath.Join(real[i], ".git"), target: filepath.Join(t, ".git")}
-		if slices.Contains(binds, b) {
-			continue
-		}
-		binds = append(binds, b)
-		checks = append(checks, mountCheck{target: b.target, dev: uint64(st.Dev), ino: st.Ino, known: s.m.writableByAnother(s, real[i])})
+	found, err := statGitMetadata(real)
+	if err != nil {
+		return nil, nil, err
 	}
-	return binds, checks, nil
+	var ro []bind
+	var checks []mountCheck
+	for _, g := range found {
+		for _, b := range binds {
+			if !Within(b.source, g.path) {
+				continue
+			}
+			rel, _ := filepath.Rel(b.source, g.path)
+			m := bind{source: g.path, target: filepath.Join(b.target, rel)}
+			if slices.Contains(ro, m) {
+				continue
+			}
+			ro = append(ro, m)
+			checks = append(checks, mountCheck{target: m.target, dev: g.dev, ino: g.ino, known: s.m.writableByAnother(s, b.source)})
+		}
+	}
+	s.gitSeen = found
+	return ro, checks, nil
+}
+
+// gitFile is a piece of git metadata as protectGit found it.
+type gitFile struct {
+	path     string
+	dev, ino uint64
+}
+
+// statGitMetadata finds the git metadata of the session directories and
+// reads the device and inode of each, not following a link.
+func statGitMetadata(real []string) ([]gitFile, error) {
+	var found []gitFile
+	for _, p := range gitMetadataOf(real) {
+		st, err := statEntryUnlinked(p)
+		if err != nil {
+			return nil, fmt.Errorf("%w: workspace: %q changed while it was checked: %v", ErrInvalid, p, err)
+		}
+		found = append(found, gitFile{p, uint64(st.Dev), st.Ino})
+	}
+	return found, nil
+}
+
+// gitUnchanged reports whether the git metadata of the session's
+// directories is still what protectGit found when the container started: a
+// repository made since (`git init`, a clone) has no read-only mount in
+// it, so a spare container is no longer fit for a new session.
+func (s *Session) gitUnchanged() bool {
+	c := s.m.cfg.Session
+	if !c.ProtectGit || c.WorkspaceMode == "ro" {
+		return true
+	}
+	now, err := statGitMetadata(s.mountSources)
+	return err == nil && slices.Equal(now, s.gitSeen)
+}
+
+// gitMetadataOf finds the git metadata in the session directories (real,
+// links resolved): each one's .git, a directory or the file a worktree or
+// submodule has; for such a file, or a .git that is a link, the git
+// directory it names and that one's common directory (which holds the
+// config and hooks of a worktree). Only what lies in one of the directories
+// counts: nothing else is in the container. Paths come with their links
+// resolved, once each.
+func gitMetadataOf(real []string) []string {
+	var found []string
+	add := func(p string) bool {
+		p, err := filepath.EvalSymlinks(p)
+		if err != nil || slices.Contains(found, p) || !slices.ContainsFunc(real, func(r string) bool { return Within(r, p) }) {
+			return false
+		}
+		found = append(found, p)
+		return true
+	}
+	for _, r := range real {
+		dotgit := filepath.Join(r, ".git")
+		st, ok, err := gitMetadata(r)
+		if err != nil {
+			continue
+		}
+		if ok {
+			if !slices.Contains(found, dotgit) {
+				found = append(found, dotgit)
+			}
+			if st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
+				continue
+			}
+		}
+		// A .git file names its git directory; a .git link points to one.
+		gitdir := dotgit
+		if ok {
+			if gitdir = pointedTo(dotgit, "gitdir: "); gitdir == "" {
+				continue
+			}
+		}
+		if !add(gitdir) {
+			continue
+		}
+		if common := pointedTo(filepath.Join(gitdir, "commondir"), ""); common != "" {
+			add(common)
+		}
+	}
+	return found
+}
+
+// pointedTo reads the path a small git pointer file holds after prefix
+// (e.g. "gitdir: "), relative to the file's directory unless absolute;
+// "" when there is none.
+func pointedTo(file, prefix string) string {
+	f, err := os.OpenFile(file, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	b := make([]byte, 4096)
+	n, _ := io.ReadFull(f, b)
+	line, _, _ := strings.Cut(string(b[:n]), "\n")
+	p, ok := strings.CutPrefix(strings.TrimSpace(line), prefix)
+	if !ok || p == "" {
+		return ""
+	}
+	if !filepath.IsAbs(p) {
+		p = filepath.Join(filepath.Dir(file), p)
+	}
+	return filepath.Clean(p)
 }
 
 // containerConfig is the hardened container of DESIGN.md: no network, no
