@@ -210,6 +210,7 @@ const (
 // fits, else one that is not started yet. Concurrent callers for the same
 // key get the same session.
 func (m *Manager) reserve(key string, spec SessionSpec) (*Session, int, error) {
+	m.dropStaleSpare()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
@@ -222,14 +223,6 @@ func (m *Manager) reserve(key string, spec SessionSpec) (*Session, int, error) {
 	}
 	if len(m.sessions)+len(m.detached) >= int(m.cfg.Server.MaxSessions) {
 		return nil, 0, fmt.Errorf("open session %s: %w: %d sessions are open (server.max_sessions)", spec.ID, ErrLimit, m.cfg.Server.MaxSessions)
-	}
-	if s := m.spare; s != nil && !s.gitUnchanged() {
-		// A repository was made in the workspace since the spare started:
-		// it has no read-only mount there. A new one will.
-		m.spare = nil
-		m.log.Info("spare container dropped: the workspace's git metadata changed", "container", s.contID[:12])
-		m.wg.Go(func() { s.removeContainer() })
-		m.refillSpare()
 	}
 	if s := m.spare; s != nil && spareFits(s.spec, spec) {
 		m.spare = nil
@@ -248,6 +241,28 @@ func (m *Manager) reserve(key string, spec SessionSpec) (*Session, int, error) {
 	s := newSession(m, key, spec)
 	m.sessions[key] = s
 	return s, fresh, nil
+}
+
+// dropStaleSpare drops the spare container when a repository was made in
+// its workspace since it started: it has no read-only mount there, a new
+// one will. The look at the workspace is made without m.mu, which a slow
+// filesystem must not hold up.
+func (m *Manager) dropStaleSpare() {
+	m.mu.Lock()
+	s := m.spare
+	m.mu.Unlock()
+	if s == nil || s.gitUnchanged() {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.spare != s || m.closed {
+		return // taken or dropped meanwhile, or Close removes it
+	}
+	m.spare = nil
+	m.log.Info("spare container dropped: the workspace's git metadata changed", "container", s.contID[:12])
+	m.wg.Go(func() { s.removeContainer() })
+	m.refillSpare()
 }
 
 // spareFits reports whether a session asking for want can have the spare
