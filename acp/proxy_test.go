@@ -421,8 +421,8 @@ func TestWrapProxyAnswersForOverlongMessages(t *testing.T) {
 // fakeEngine answers the Docker Engine API in memory, for tests that need
 // sessions but no containers: containers are created and started at once,
 // a terminal's exec streams what the test sends to output and exits 0
-// once it is closed, the exec that verifies mounts fails (so they go
-// unverified), and the calls named in hold ("create", "remove") wait until
+// once it is closed, the exec that verifies mounts fails as in an image
+// without stat (so they go unverified), and the calls named in hold ("create", "remove") wait until
 // release is called or the test ends.
 type fakeEngine struct {
 	m       *sandbox.Manager
@@ -518,10 +518,16 @@ func (e *fakeEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		var req struct{ Cmd []string }
 		json.NewDecoder(r.Body).Decode(&req)
 		if len(req.Cmd) > 0 && req.Cmd[0] == "stat" {
-			answer(500, `{"message":"no stat in the fake engine"}`)
+			// As the engine runs an image without stat: 126, and why.
+			answer(201, fmt.Sprintf(`{"Id":"nostat%d"}`, e.execs.Add(1)))
 			return
 		}
 		answer(201, fmt.Sprintf(`{"Id":"exec%d"}`, e.execs.Add(1)))
+	case strings.Contains(path, "/exec/nostat") && strings.HasSuffix(path, "/start"):
+		io.Copy(io.Discard, r.Body)
+		e.streamOnce(w, []byte(`OCI runtime exec failed: exec failed: unable to start container process: exec: "stat": executable file not found in $PATH: unknown`+"\r\n"))
+	case strings.Contains(path, "/exec/nostat") && strings.HasSuffix(path, "/json"):
+		answer(200, `{"Running":false,"ExitCode":126}`)
 	case strings.Contains(path, "/exec/") && strings.HasSuffix(path, "/start"):
 		// Read before the hijack: a pipe has no buffer to leave it in.
 		io.Copy(io.Discard, r.Body)
@@ -549,24 +555,47 @@ func (e *fakeEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// stream is a terminal's exec: what the test sends to output, as stdout.
-func (e *fakeEngine) stream(w http.ResponseWriter) {
+// hijack answers an exec start with the raw stream, for frames to follow.
+func hijack(w http.ResponseWriter) net.Conn {
 	conn, buf, err := w.(http.Hijacker).Hijack()
 	if err != nil {
+		return nil
+	}
+	buf.WriteString("HTTP/1.1 101 UPGRADED\r\nContent-Type: application/vnd.docker.multiplexed-stream\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n")
+	buf.Flush()
+	return conn
+}
+
+// frame writes b as one stdout frame of the multiplexed stream.
+func frame(conn net.Conn, b []byte) error {
+	head := []byte{1, 0, 0, 0, 0, 0, 0, 0}
+	binary.BigEndian.PutUint32(head[4:], uint32(len(b)))
+	_, err := conn.Write(append(head, b...))
+	return err
+}
+
+// streamOnce is an exec that writes b and ends.
+func (e *fakeEngine) streamOnce(w http.ResponseWriter, b []byte) {
+	if conn := hijack(w); conn != nil {
+		frame(conn, b)
+		conn.Close()
+	}
+}
+
+// stream is a terminal's exec: what the test sends to output, as stdout.
+func (e *fakeEngine) stream(w http.ResponseWriter) {
+	conn := hijack(w)
+	if conn == nil {
 		return
 	}
 	defer conn.Close()
-	buf.WriteString("HTTP/1.1 101 UPGRADED\r\nContent-Type: application/vnd.docker.multiplexed-stream\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n")
-	buf.Flush()
 	for {
 		select {
 		case b, ok := <-e.output:
 			if !ok {
 				return
 			}
-			head := []byte{1, 0, 0, 0, 0, 0, 0, 0}
-			binary.BigEndian.PutUint32(head[4:], uint32(len(b)))
-			if _, err := conn.Write(append(head, b...)); err != nil {
+			if err := frame(conn, b); err != nil {
 				return
 			}
 		case <-e.done:

@@ -394,6 +394,14 @@ func TestFilesystemsBelowTheWorkspaceStayOut(t *testing.T) {
 	if out, st := sh(t, ctx, a, "s", "ls -A "+below+"; echo listed"); out != "listed\n" {
 		t.Errorf("the host's /proc mounted below the workspace shows in the container: %q (%s)", out, exitCode(st))
 	}
+	// Nor can a command detach the host's mount by removing or moving
+	// the directory it is on.
+	if out, st := sh(t, ctx, a, "s", "{ rmdir "+below+" && echo removed; mv "+below+" "+below+"-moved && echo moved; } 2>/dev/null; echo tried"); out != "tried\n" {
+		t.Errorf("rmdir and mv of the mount point: %q (%s)", out, exitCode(st))
+	}
+	if info, err := os.ReadFile("/proc/self/mountinfo"); err != nil || !strings.Contains(string(info), " "+below+" ") {
+		t.Errorf("the host's mount at %s is gone", below)
+	}
 }
 
 // TestGitMetadataIsReadOnly: commands cannot change a workspace's .git,
@@ -417,10 +425,23 @@ func TestGitMetadataIsReadOnly(t *testing.T) {
 	meta := filepath.Join(subdir(t, separate, "meta"), "config")
 	writeFile(t, meta, "[core]\n")
 	own(t, meta)
+	writeFile(t, filepath.Join(separate, "meta", "HEAD"), "ref: refs/heads/main\n")
+	// The same one directory deeper: the directory above it is pinned,
+	// or moving it aside would move the read-only mount along.
+	deeper := workspace(t)
+	writeFile(t, filepath.Join(deeper, ".git"), "gitdir: .repos/meta\n")
+	own(t, filepath.Join(deeper, ".git"))
+	repos := subdir(t, deeper, ".repos")
+	meta = filepath.Join(subdir(t, repos, "meta"), "config")
+	writeFile(t, meta, "[core]\n")
+	own(t, meta)
+	writeFile(t, filepath.Join(repos, "meta", "HEAD"), "ref: refs/heads/main\n")
 	try := "{ echo '\tfsmonitor = ./evil' >> .git/config && echo changed config; " +
 		"echo 'gitdir: /tmp/evil' > .git && echo changed file; " +
 		"mv .git .git-old && echo moved; " +
 		"echo '\tfsmonitor = ./evil' >> meta/config && echo changed meta; " +
+		"echo '\tfsmonitor = ./evil' >> .repos/meta/config && echo changed repos; " +
+		"mv .repos .r && echo moved repos; " +
 		"cat .git/config .git | head -1; touch ok && echo wrote; } 2>/dev/null"
 	for _, tc := range []struct {
 		name, config string
@@ -430,6 +451,7 @@ func TestGitMetadataIsReadOnly(t *testing.T) {
 		{"repository", "", repo, "[core]\nwrote\n"},
 		{"worktree", "", worktree, "gitdir: " + repo + "/.git\nwrote\n"},
 		{"separate git directory", "", separate, "gitdir: meta\nwrote\n"},
+		{"separate git directory deeper", "", deeper, "gitdir: .repos/meta\nwrote\n"},
 		{"not protected", "[session]\nprotect_git = false\n", repo, "changed config\nmoved\nwrote\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

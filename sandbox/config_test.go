@@ -470,11 +470,22 @@ func TestGitMetadataOf(t *testing.T) {
 	}
 	dir("repo/.git")
 	dir("main/.git/worktrees/wt")
+	file("main/.git/HEAD", "ref: refs/heads/main\n")
+	file("main/.git/worktrees/wt/HEAD", "ref: refs/heads/wt\n")
 	file("main/.git/worktrees/wt/commondir", "../..\n")
 	dir("wt")
 	file("wt/.git", "gitdir: "+filepath.Join(root, "main/.git/worktrees/wt")+"\n")
 	dir("sep/meta")
+	file("sep/meta/HEAD", "ref: refs/heads/main\n")
 	file("sep/.git", "gitdir: meta\n")
+	dir("plaindir/src")
+	file("plaindir/.git", "gitdir: src\n")
+	dir("via/real")
+	file("via/real/HEAD", "ref: refs/heads/main\n")
+	if err := os.Symlink("real", filepath.Join(root, "via/link")); err != nil {
+		t.Fatal(err)
+	}
+	file("via/.git", "gitdir: link\n")
 	dir("outside/.git")
 	dir("pointer")
 	file("pointer/.git", "gitdir: "+filepath.Join(root, "outside/.git")+"\n")
@@ -501,12 +512,89 @@ func TestGitMetadataOf(t *testing.T) {
 		{"a worktree alone: its repository is not in the container", r("wt"), r("wt/.git")},
 		{"a separate git directory", r("sep"), r("sep/.git", "sep/meta")},
 		{"a pointer to what is not in the container", r("pointer"), r("pointer/.git")},
-		{"a link", r("linked"), r("linked/real")},
+		// The link itself could be pointed elsewhere.
+		{"a link", r("linked"), nil},
+		{"a pointer to a directory that is no git directory", r("plaindir"), r("plaindir/.git")},
+		{"a pointer through a link", r("via"), r("via/.git")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := gitMetadataOf(tc.real); !slices.Equal(got, tc.want) {
 				t.Errorf("gitMetadataOf = %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestGitMetadataOfDoesNotWaitOnAFIFO: a command may leave a FIFO where a
+// git pointer is read, and hold it open; the look must not wait on it.
+func TestGitMetadataOfDoesNotWaitOnAFIFO(t *testing.T) {
+	root := t.TempDir()
+	if err := os.WriteFile(filepath.Join(root, ".git"), []byte("gitdir: g\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(root, "g"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "g", "HEAD"), []byte("ref: refs/heads/main\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fifo := filepath.Join(root, "g", "commondir")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	held, err := os.OpenFile(fifo, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	done := make(chan []string, 1)
+	go func() { done <- gitMetadataOf([]string{root}) }()
+	select {
+	case got := <-done:
+		if want := []string{filepath.Join(root, ".git"), filepath.Join(root, "g")}; !slices.Equal(got, want) {
+			t.Errorf("gitMetadataOf = %q, want %q", got, want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("gitMetadataOf waits on a FIFO held open")
+	}
+}
+
+func TestCoverHostMounts(t *testing.T) {
+	binds := []bind{{"/real/w", "/w"}, {"/real/w/data", "/w/data"}, {"/x", "/x"}}
+	points := []string{"/", "/real", "/real/w", "/real/w/proc", "/real/w/proc/sys", "/real/w/data", "/real/w/data/usb", "/real/w/a b", "/elsewhere", "/x"}
+	hosts, covers := coverHostMounts(binds, points)
+	if want := []string{"/real/w/proc", "/real/w/a b", "/real/w/data/usb"}; !slices.Equal(hosts, want) {
+		t.Errorf("covered %q, want %q", hosts, want)
+	}
+	var targets []string
+	for _, c := range covers {
+		if !c.ReadOnly || c.Type != "tmpfs" {
+			t.Errorf("cover %+v is not a read-only tmpfs", c)
+		}
+		targets = append(targets, c.Target)
+	}
+	if want := []string{"/w/proc", "/w/a b", "/w/data/usb"}; !slices.Equal(targets, want) {
+		t.Errorf("cover targets %q, want %q", targets, want)
+	}
+	if got := unescapeMountinfo(`/real/w/a\040b\134c`); got != `/real/w/a b\c` {
+		t.Errorf("unescapeMountinfo = %q", got)
+	}
+}
+
+func TestExecErrorMissing(t *testing.T) {
+	for _, tc := range []struct {
+		code   int
+		output string
+		want   bool
+	}{
+		{126, `OCI runtime exec failed: exec failed: unable to start container process: exec: "stat": executable file not found in $PATH: unknown`, true},
+		{127, "sh: stat: not found\n", false},
+		{126, `OCI runtime exec failed: exec failed: unable to start container process: chdir to cwd ("/w") set in config.json failed: permission denied: unknown`, false},
+		{1, "stat: can't stat '/x': Permission denied\n", false},
+		{127, `OCI runtime exec failed: exec failed: unable to start container process: exec: "stat": stat stat: no such file or directory: unknown`, true},
+	} {
+		if got := (&execError{code: tc.code, output: tc.output}).missing(); got != tc.want {
+			t.Errorf("missing(%d, %.60q) = %v, want %v", tc.code, tc.output, got, tc.want)
+		}
 	}
 }

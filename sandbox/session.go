@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -280,11 +279,16 @@ func (s *Session) verifyMounts(ctx context.Context, checks []mountCheck) error {
 	for _, c := range checks {
 		cmd = append(cmd, c.target)
 	}
+	// Its own bound: a stat stuck on a hung filesystem must not hold the
+	// start for the whole of its time.
+	ctx, cancel := context.WithTimeout(ctx, verifyTimeout)
+	defer cancel()
 	out, err := s.execOutput(ctx, cmd)
 	var ee *execError
-	if errors.As(err, &ee) && !ee.missing() {
+	if err != nil && !(errors.As(err, &ee) && ee.missing()) {
 		// stat ran and could not look at one of them (a target the
-		// session user may not reach): nothing was verified.
+		// session user may not reach), or the engine failed: nothing
+		// was verified.
 		return fmt.Errorf("verify mounts: %w", err)
 	}
 	if err != nil {
@@ -306,11 +310,14 @@ func (s *Session) verifyMounts(ctx context.Context, checks []mountCheck) error {
 	for i, c := range checks {
 		if lines[i] != fmt.Sprintf("%d:%d", c.dev, c.ino) {
 			s.m.log.Warn("a mount source was swapped between its check and its mount", "session", s.ID, "target", c.target)
-			return fmt.Errorf("%w: workspace: %q changed between its check and its mount (%s, checked %d:%d)", ErrInvalid, c.target, lines[i], c.dev, c.ino)
+			return fmt.Errorf("%w: workspace: %q changed between its check and its mount (%s, checked %d:%d; if every session is refused so, the engine runs in a VM or on another host, whose view of the files sandboxd cannot check: use a local engine)", ErrInvalid, c.target, lines[i], c.dev, c.ino)
 		}
 	}
 	return nil
 }
+
+// verifyTimeout bounds the check of a new container's mounts.
+const verifyTimeout = 30 * time.Second
 
 // sessionUser picks the uid:gid commands run as: the configured user,
 // else the owner of the workspace (st, as checked), else (root owns it)
@@ -477,10 +484,12 @@ func (s *Session) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("open session %s: %w", s.ID, err)
 	}
-	protected, gitChecks, err := s.protectGit(real, binds)
+	covered, covers := coverHostMounts(binds, hostMountPoints())
+	protected, gitChecks, err := s.protectGit(real, binds, covered)
 	if err != nil {
 		return fmt.Errorf("open session %s: %w", s.ID, err)
 	}
+	protected = append(covers, protected...)
 	checks = append(checks, gitChecks...)
 	sc := m.cfg.Session
 	var granted []mountCheck
@@ -580,10 +589,13 @@ func planBinds(targets, sources []string, devs []uint64) ([]bind, error) {
 // mounted): a command that could write there could set a hook,
 // core.fsmonitor or a filter that the person's own git runs on the host,
 // outside any sandbox, at the editor's next `git status`. Each is mounted
-// wherever a bind shows it, and a mount point cannot be renamed or removed
-// from inside, so no other .git takes its place. The checks make the
-// started container show the very files that were checked there.
-func (s *Session) protectGit(real []string, binds []bind) ([]bind, []mountCheck, error) {
+// wherever a bind shows it. A mount point can be neither renamed nor
+// removed from inside, but the directory above one can: every directory
+// between the bind and the metadata is pinned by a mount onto itself, so
+// that nothing can move the metadata aside and put other in its place. The
+// checks make the started container show the very files that were checked
+// there.
+func (s *Session) protectGit(real []string, binds []bind, covered []string) ([]mount.Mount, []mountCheck, error) {
 	c := s.m.cfg.Session
 	if !c.ProtectGit || c.WorkspaceMode == "ro" {
 		return nil, nil, nil
@@ -592,24 +604,56 @@ func (s *Session) protectGit(real []string, binds []bind) ([]bind, []mountCheck,
 	if err != nil {
 		return nil, nil, err
 	}
-	var ro []bind
+	var mounts []mount.Mount
 	var checks []mountCheck
+	planned := map[string]bool{}
+	for _, b := range binds {
+		planned[b.target] = true
+	}
+	plan := func(source, target, mode string, dev, ino uint64) {
+		planned[target] = true
+		mounts = append(mounts, bindMount(source, target, mode))
+		checks = append(checks, mountCheck{target: target, dev: dev, ino: ino, known: s.m.writableByAnother(s, source)})
+	}
 	for _, g := range found {
+		if slices.ContainsFunc(covered, func(h string) bool { return Within(h, g.path) }) {
+			continue // on a filesystem the container does not show
+		}
 		for _, b := range binds {
-			if !Within(b.source, g.path) {
+			if g.path == b.source || !Within(b.source, g.path) {
 				continue
 			}
 			rel, _ := filepath.Rel(b.source, g.path)
-			m := bind{source: g.path, target: filepath.Join(b.target, rel)}
-			if slices.Contains(ro, m) {
+			target := filepath.Join(b.target, rel)
+			// A pointer naming a directory that holds a session
+			// directory would make that read-only: left alone.
+			if slices.ContainsFunc(binds, func(o bind) bool { return Within(target, o.target) }) {
 				continue
 			}
-			ro = append(ro, m)
-			checks = append(checks, mountCheck{target: m.target, dev: g.dev, ino: g.ino, known: s.m.writableByAnother(s, b.source)})
+			if planned[target] {
+				continue
+			}
+			parts := strings.Split(rel, "/")
+			pinned := true
+			for k := 1; k < len(parts); k++ {
+				sub := filepath.Join(parts[:k]...)
+				if planned[filepath.Join(b.target, sub)] {
+					continue
+				}
+				st, err := statUnlinked(filepath.Join(b.source, sub))
+				if err != nil {
+					pinned = false
+					break
+				}
+				plan(filepath.Join(b.source, sub), filepath.Join(b.target, sub), "rw", uint64(st.Dev), st.Ino)
+			}
+			if pinned {
+				plan(g.path, target, "ro", g.dev, g.ino)
+			}
 		}
 	}
 	s.gitSeen = found
-	return ro, checks, nil
+	return mounts, checks, nil
 }
 
 // gitFile is a piece of git metadata as protectGit found it.
@@ -646,17 +690,17 @@ func (s *Session) gitUnchanged() bool {
 }
 
 // gitMetadataOf finds the git metadata in the session directories (real,
-// links resolved): each one's .git, a directory or the file a worktree or
-// submodule has; for such a file, or a .git that is a link, the git
-// directory it names and that one's common directory (which holds the
-// config and hooks of a worktree). Only what lies in one of the directories
-// counts: nothing else is in the container. Paths come with their links
-// resolved, once each.
+// links resolved): each one's .git, a directory or the file a worktree,
+// submodule or separate git directory has; the git directory such a file
+// names; and the common directory (config and hooks of a worktree) a git
+// directory names. Only what lies in one of the directories counts:
+// nothing else is in the container. A path with a link on the way inside a
+// session directory is left out, and so is a .git that is a link: a
+// command could point it elsewhere, and git follows it when it runs.
 func gitMetadataOf(real []string) []string {
 	var found []string
 	add := func(p string) bool {
-		p, err := filepath.EvalSymlinks(p)
-		if err != nil || slices.Contains(found, p) || !slices.ContainsFunc(real, func(r string) bool { return Within(r, p) }) {
+		if slices.Contains(found, p) || !slices.ContainsFunc(real, func(r string) bool { return Within(r, p) }) || !unlinked(p, real) {
 			return false
 		}
 		found = append(found, p)
@@ -665,47 +709,81 @@ func gitMetadataOf(real []string) []string {
 	for _, r := range real {
 		dotgit := filepath.Join(r, ".git")
 		st, ok, err := gitMetadata(r)
-		if err != nil {
+		if err != nil || !ok {
 			continue
 		}
-		if ok {
-			if !slices.Contains(found, dotgit) {
-				found = append(found, dotgit)
-			}
-			if st.Mode&syscall.S_IFMT == syscall.S_IFDIR {
-				continue
-			}
-		}
-		// A .git file names its git directory; a .git link points to one.
+		add(dotgit)
 		gitdir := dotgit
-		if ok {
-			if gitdir = pointedTo(dotgit, "gitdir: "); gitdir == "" {
+		if st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+			if gitdir = pointedTo(dotgit, "gitdir: "); !isGitDir(gitdir) || !add(gitdir) {
 				continue
 			}
 		}
-		if !add(gitdir) {
-			continue
-		}
-		if common := pointedTo(filepath.Join(gitdir, "commondir"), ""); common != "" {
+		if common := pointedTo(filepath.Join(gitdir, "commondir"), ""); isGitDir(common) {
 			add(common)
 		}
 	}
 	return found
 }
 
+// isGitDir reports whether dir looks like a git directory (it has a HEAD):
+// a pointer to any other directory would only make that read-only.
+func isGitDir(dir string) bool {
+	if dir == "" {
+		return false
+	}
+	fi, err := os.Lstat(filepath.Join(dir, "HEAD"))
+	return err == nil && fi.Mode().IsRegular()
+}
+
+// unlinked reports whether no component of p below one of the session
+// directories (real) is a link, and p exists.
+func unlinked(p string, real []string) bool {
+	for _, r := range real {
+		if !Within(r, p) {
+			continue
+		}
+		rel, err := filepath.Rel(r, p)
+		if err != nil {
+			return false
+		}
+		at := r
+		for _, c := range strings.Split(rel, "/") {
+			if c == "." {
+				continue
+			}
+			at = filepath.Join(at, c)
+			fi, err := os.Lstat(at)
+			if err != nil || fi.Mode()&os.ModeSymlink != 0 {
+				return false
+			}
+		}
+		return true
+	}
+	return false
+}
+
 // pointedTo reads the path a small git pointer file holds after prefix
-// (e.g. "gitdir: "), relative to the file's directory unless absolute;
-// "" when there is none.
+// (e.g. "gitdir: "), relative to the file's directory unless absolute, as
+// git reads it: all of the rest, less a line end; "" when there is none.
+// Only a regular file is read, once, without waiting: a FIFO a command put
+// there must not hold sandboxd up.
 func pointedTo(file, prefix string) string {
-	f, err := os.OpenFile(file, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	fd, err := unix.Open(file, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return ""
 	}
-	defer f.Close()
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return ""
+	}
 	b := make([]byte, 4096)
-	n, _ := io.ReadFull(f, b)
-	line, _, _ := strings.Cut(string(b[:n]), "\n")
-	p, ok := strings.CutPrefix(strings.TrimSpace(line), prefix)
+	n, err := unix.Read(fd, b)
+	if err != nil || n <= 0 {
+		return ""
+	}
+	p, ok := strings.CutPrefix(strings.TrimRight(string(b[:n]), "\r\n"), prefix)
 	if !ok || p == "" {
 		return ""
 	}
@@ -715,15 +793,92 @@ func pointedTo(file, prefix string) string {
 	return filepath.Clean(p)
 }
 
+// coverHostMounts finds the filesystems mounted on the host below the bind
+// sources (mountPoints, as the host's mountinfo lists them), which the
+// binds, not recursive, do not show, and covers each in the container with
+// an empty read-only tmpfs. Without one the directory there would be a
+// plain directory inside, and a command's rmdir or rename of it would
+// detach the host's own mount. A directory mounted as a session directory
+// of its own is not covered. It returns the host paths covered and the
+// mounts.
+func coverHostMounts(binds []bind, mountPoints []string) ([]string, []mount.Mount) {
+	var hosts []string
+	var covers []mount.Mount
+	isSource := func(p string) bool { return slices.ContainsFunc(binds, func(b bind) bool { return b.source == p }) }
+	for _, b := range binds {
+		for _, p := range mountPoints {
+			if p == b.source || !Within(b.source, p) || isSource(p) {
+				continue
+			}
+			// Only the topmost: what lies below a covered one, or below
+			// another bind's source, is not in the container anyway.
+			if slices.ContainsFunc(mountPoints, func(o string) bool {
+				return o != p && o != b.source && Within(b.source, o) && Within(o, p)
+			}) {
+				continue
+			}
+			rel, _ := filepath.Rel(b.source, p)
+			hosts = append(hosts, p)
+			covers = append(covers, mount.Mount{Type: mount.TypeTmpfs, Target: filepath.Join(b.target, rel), ReadOnly: true,
+				TmpfsOptions: &mount.TmpfsOptions{SizeBytes: 4096, Mode: 0o555}})
+		}
+	}
+	return hosts, covers
+}
+
+// hostMountPoints lists the mount points of sandboxd's mount namespace,
+// the host's as the engine sees it.
+func hostMountPoints() []string {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	var points []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 {
+			points = append(points, unescapeMountinfo(f[4]))
+		}
+	}
+	return points
+}
+
+// unescapeMountinfo undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, "\\") {
+		return s
+	}
+	var out strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				out.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		out.WriteByte(s[i])
+	}
+	return out.String()
+}
+
+// bindMount mounts source at target, read-only when mode is "ro". Not
+// recursive: a filesystem mounted somewhere below a directory (a chroot's
+// /proc, a loop device, another bind) was never checked, and the engine's
+// read-only would not reach it.
+func bindMount(source, target, mode string) mount.Mount {
+	return mount.Mount{Type: mount.TypeBind, Source: source, Target: target, ReadOnly: mode == "ro",
+		BindOptions: &mount.BindOptions{NonRecursive: true}}
+}
+
 // containerConfig is the hardened container of DESIGN.md: no network, no
 // capabilities, no privilege gain, read-only root, init, limits, a non-root
 // user, and no host path but the workspace and what the config grants.
 //
 // binds are the workspace and extra directories, their sources with links
 // resolved, as checked: what the engine mounts, so that no link it would
-// follow is one that was not checked. readOnly are mounted read-only over
-// them.
-func containerConfig(c SessionConfig, spec SessionSpec, binds, readOnly []bind, user string, labels map[string]string) (*container.Config, *container.HostConfig) {
+// follow is one that was not checked. more are mounted over them.
+func containerConfig(c SessionConfig, spec SessionSpec, binds []bind, more []mount.Mount, user string, labels map[string]string) (*container.Config, *container.HostConfig) {
 	cfg := &container.Config{
 		Image:      spec.Image,
 		Cmd:        []string{"sleep", "infinity"},
@@ -748,20 +903,11 @@ scratch:
 		// executable anyway, so noexec would protect nothing.
 		tmpfs[p] = fmt.Sprintf("rw,exec,nosuid,nodev,size=%d,mode=1777", int64(c.ScratchSize))
 	}
-	// Not recursive: a filesystem mounted somewhere below a directory
-	// (a chroot's /proc, a loop device, another bind) was never checked,
-	// and the engine's read-only would not reach it.
-	bindMount := func(source, target, mode string) mount.Mount {
-		return mount.Mount{Type: mount.TypeBind, Source: source, Target: target, ReadOnly: mode == "ro",
-			BindOptions: &mount.BindOptions{NonRecursive: true}}
-	}
 	var mounts []mount.Mount
 	for _, b := range binds {
 		mounts = append(mounts, bindMount(b.source, b.target, c.WorkspaceMode))
 	}
-	for _, b := range readOnly {
-		mounts = append(mounts, bindMount(b.source, b.target, "ro"))
-	}
+	mounts = append(mounts, more...)
 	for _, mt := range c.Mounts {
 		mounts = append(mounts, bindMount(mt.Source, mt.Target, mt.Mode))
 	}
@@ -1095,6 +1241,8 @@ func (s *Session) execOutput(ctx context.Context, cmd []string) ([]byte, error) 
 		return nil, err
 	}
 	defer att.Close()
+	// Reads of the hijacked connection do not watch ctx.
+	defer context.AfterFunc(ctx, att.Close)()
 	var out, errOut bytes.Buffer
 	if _, err := stdcopy.StdCopy(&out, &errOut, att.Reader); err != nil {
 		return out.Bytes(), err
@@ -1104,7 +1252,7 @@ func (s *Session) execOutput(ctx context.Context, cmd []string) ([]byte, error) 
 		return out.Bytes(), err
 	}
 	if code != 0 {
-		return out.Bytes(), &execError{cmd: cmd[0], code: code, stderr: string(bytes.TrimSpace(errOut.Bytes()))}
+		return out.Bytes(), &execError{cmd: cmd[0], code: code, stderr: string(bytes.TrimSpace(errOut.Bytes())), output: out.String() + errOut.String()}
 	}
 	return out.Bytes(), nil
 }
@@ -1115,6 +1263,7 @@ type execError struct {
 	cmd    string
 	code   int
 	stderr string
+	output string // all it wrote, for missing
 }
 
 func (e *execError) Error() string {
@@ -1124,9 +1273,11 @@ func (e *execError) Error() string {
 	return fmt.Sprintf("%s exited with %d: %.500s", e.cmd, e.code, e.stderr)
 }
 
-// missing reports whether the command could not be run at all: the image
-// does not have it (126 and 127, as the engine and a shell say).
-func (e *execError) missing() bool { return e.code == 126 || e.code == 127 }
+// missing reports whether the image does not have the command: the
+// engine says so with 126 or 127 and its reason.
+func (e *execError) missing() bool {
+	return (e.code == 126 || e.code == 127) && (strings.Contains(e.output, "executable file not found") || strings.Contains(e.output, "no such file or directory"))
+}
 
 // waitExec polls until the exec is no longer running and returns its exit
 // code. The stream's EOF comes first; the engine records the exit a moment
