@@ -274,7 +274,7 @@ func (e *RemoveError) Unwrap() error { return e.Err }
 func GC(ctx context.Context, cli *client.Client, log *slog.Logger, opts GCOptions) ([]string, error) {
 	host, err := os.Hostname()
 	if err != nil {
-		return nil, fmt.Errorf("gc: %w", err)
+		return nil, fmt.Errorf("read hostname: %w", err)
 	}
 	here := localHost{name: host, boot: bootID(), lockDir: LockDir()}
 	if !opts.All {
@@ -282,7 +282,7 @@ func GC(ctx context.Context, cli *client.Client, log *slog.Logger, opts GCOption
 		// whose containers go: none is trusted.
 		d, err := openLockDir(here.lockDir)
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return nil, fmt.Errorf("gc: %w", err)
+			return nil, err
 		}
 		if d != nil {
 			d.Close()
@@ -293,7 +293,7 @@ func GC(ctx context.Context, cli *client.Client, log *slog.Logger, opts GCOption
 		Filters: make(client.Filters).Add("label", LabelInstance),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("gc: list containers: %w", EngineError(err))
+		return nil, fmt.Errorf("list containers: %w", EngineError(err))
 	}
 	var removed []string
 	var errs []error
@@ -307,7 +307,7 @@ func GC(ctx context.Context, cli *client.Client, log *slog.Logger, opts GCOption
 		}
 		_, err := cli.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
 		if err != nil && !isNotFound(err) {
-			errs = append(errs, fmt.Errorf("gc: remove container %.12s: %w", c.ID, err))
+			errs = append(errs, fmt.Errorf("remove container %.12s: %w", c.ID, err))
 			continue
 		}
 		log.Info("removed container left by a dead instance", "container", c.ID[:12], "instance", owner, "session", c.Labels[LabelSession])

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -34,8 +35,9 @@ Usage:
   sandboxd image build [--ref REF]
   sandboxd gc [--all]
   sandboxd config
+  sandboxd version
 
-Run 'sandboxd COMMAND -h' for a command's flags.
+Run 'sandboxd COMMAND -h' (or 'sandboxd help COMMAND') for a command's flags.
 `
 
 func main() {
@@ -47,8 +49,15 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, usage)
 		return 2
 	}
+	if args[0] == "help" && len(args) > 1 && args[1] != "help" {
+		return run([]string{args[1], "-h"}, stdin, stdout, stderr)
+	}
 	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprint(stdout, usage)
+		return 0
+	}
+	if args[0] == "version" || args[0] == "--version" {
+		fmt.Fprintln(stdout, version())
 		return 0
 	}
 	// SIGHUP too: closing the terminal sandboxd runs in must not leave
@@ -206,8 +215,13 @@ func newFlagSet(name, synopsis, about string, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: sandboxd %s\n\n%s\n\nFlags:\n", synopsis, about)
-		fs.PrintDefaults()
+		fmt.Fprintf(fs.Output(), "Usage: sandboxd %s\n\n%s\n", synopsis, about)
+		hasFlags := false
+		fs.VisitAll(func(*flag.Flag) { hasFlags = true })
+		if hasFlags {
+			fmt.Fprint(fs.Output(), "\nFlags:\n")
+			fs.PrintDefaults()
+		}
 	}
 	return fs
 }
@@ -481,4 +495,25 @@ func cmdGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "%d container(s) removed\n", len(removed))
 	}
 	return err
+}
+
+// version names the module version sandboxd was built from, and the VCS
+// revision when the build recorded one.
+func version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "sandboxd (version unknown)"
+	}
+	v := "sandboxd " + bi.Main.Version
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			v += " " + s.Value[:min(12, len(s.Value))]
+		case "vcs.modified":
+			if s.Value == "true" {
+				v += " (modified)"
+			}
+		}
+	}
+	return v + " " + bi.GoVersion
 }

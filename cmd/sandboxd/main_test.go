@@ -31,7 +31,10 @@ func TestCommandLineErrors(t *testing.T) {
 		{[]string{"image", "-h"}, 0, "Usage: sandboxd image build"},
 		{[]string{"gc", "-h"}, 0, "Usage: sandboxd gc"},
 		{[]string{"nope"}, 2, "unknown command \"nope\""},
-		{[]string{"config", "-h"}, 0, "Usage: sandboxd config"},
+		{[]string{"config", "-h"}, 0, "overrides key by key.\n"},
+		{[]string{"help", "run"}, 0, "Usage: sandboxd run"},
+		{[]string{"help", "nope"}, 2, "unknown command \"nope\""},
+		{[]string{"version"}, 0, "sandboxd "},
 		{[]string{"config", "extra"}, 2, "unexpected argument \"extra\""},
 		// Allowed in form, not by the configuration: still refused before
 		// the engine is asked (it is not reachable here).
@@ -90,5 +93,14 @@ func TestRunAndWrapFailuresHaveTheirOwnCode(t *testing.T) {
 		if code := run(args, strings.NewReader(""), &stdout, &stderr); code != 125 {
 			t.Errorf("%q without an engine: exit code %d, want 125; stderr %q", args, code, stderr.String())
 		}
+	}
+}
+
+// TestHelpWithoutFlagsHasNoFlagsHeading: a command with no flags shows no
+// empty list of them.
+func TestHelpWithoutFlagsHasNoFlagsHeading(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"config", "-h"}, strings.NewReader(""), &stdout, &stderr); code != 0 || strings.Contains(stdout.String(), "Flags:") {
+		t.Errorf("config -h: exit %d, %q", code, stdout.String())
 	}
 }
