@@ -755,6 +755,42 @@ func TestSpareOfAnotherRepositoryIsNotTaken(t *testing.T) {
 	}
 }
 
+// TestWorktreeAndItsRepositoryStayReadOnly: a session in a worktree with
+// its main checkout as another directory: the main .git, the worktree's
+// git directory in it and all below stay read-only, and nothing on the way
+// can be moved aside.
+func TestWorktreeAndItsRepositoryStayReadOnly(t *testing.T) {
+	main, wt := workspace(t), workspace(t)
+	gitDir := subdir(t, main, ".git")
+	for _, f := range []struct{ path, text string }{
+		{filepath.Join(gitDir, "HEAD"), "ref: refs/heads/main\n"},
+		{filepath.Join(gitDir, "config"), "[core]\n"},
+	} {
+		writeFile(t, f.path, f.text)
+		own(t, f.path)
+	}
+	wtDir := subdir(t, subdir(t, gitDir, "worktrees"), "wt")
+	writeFile(t, filepath.Join(wtDir, "HEAD"), "ref: refs/heads/wt\n")
+	writeFile(t, filepath.Join(wtDir, "commondir"), "../..\n")
+	own(t, filepath.Join(wtDir, "commondir"))
+	writeFile(t, filepath.Join(wt, ".git"), "gitdir: "+wtDir+"\n")
+	own(t, filepath.Join(wt, ".git"))
+	w := startWrap(t, wt, acpsdk.ClientCapabilities{})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for _, dirs := range [][]string{{wt, main}, {main, wt}} {
+		sid := w.newSession(t, ctx, dirs[0], dirs[1:]...)
+		try := "{ echo x >> " + gitDir + "/config && echo changed config; " +
+			"echo .. > " + wtDir + "/commondir && echo changed commondir; " +
+			"mv " + gitDir + "/worktrees " + gitDir + "/w2 && echo moved worktrees; " +
+			"mv " + gitDir + " " + main + "/g2 && echo moved git; " +
+			"echo gitdir: /tmp > " + wt + "/.git && echo changed pointer; } 2>/dev/null; echo tried"
+		if got := w.prompt(t, ctx, sid, "run "+try); got != "exit=0 output=tried\n" {
+			t.Errorf("session in %s with %s: %q, want every change refused", dirs[0], dirs[1], got)
+		}
+	}
+}
+
 func TestWrapAgentCrashLeavesNothing(t *testing.T) {
 	ws := workspace(t)
 	w := startWrap(t, ws, acpsdk.ClientCapabilities{})

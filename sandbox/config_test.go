@@ -494,6 +494,16 @@ func TestGitMetadataOf(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir("plain")
+	// HEAD a link (core.preferSymlinkRefs); a common directory with only
+	// objects and refs.
+	dir("symhead/gd")
+	if err := os.Symlink("refs/heads/main", filepath.Join(root, "symhead/gd/HEAD")); err != nil {
+		t.Fatal(err)
+	}
+	file("symhead/gd/commondir", "../common\n")
+	dir("symhead/common/objects")
+	dir("symhead/common/refs")
+	file("symhead/.git", "gitdir: gd\n")
 	r := func(ps ...string) []string {
 		var out []string
 		for _, p := range ps {
@@ -516,6 +526,7 @@ func TestGitMetadataOf(t *testing.T) {
 		{"a link", r("linked"), nil},
 		{"a pointer to a directory that is no git directory", r("plaindir"), r("plaindir/.git")},
 		{"a pointer through a link", r("via"), r("via/.git")},
+		{"HEAD a link, a common directory without one", r("symhead"), r("symhead/.git", "symhead/gd", "symhead/common")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := gitMetadataOf(tc.real); !slices.Equal(got, tc.want) {
@@ -561,9 +572,10 @@ func TestGitMetadataOfDoesNotWaitOnAFIFO(t *testing.T) {
 
 func TestCoverHostMounts(t *testing.T) {
 	binds := []bind{{"/real/w", "/w"}, {"/real/w/data", "/w/data"}, {"/x", "/x"}}
-	points := []string{"/", "/real", "/real/w", "/real/w/proc", "/real/w/proc/sys", "/real/w/data", "/real/w/data/usb", "/real/w/a b", "/elsewhere", "/x"}
+	points := []string{"/", "/real", "/real/w", "/real/w/proc", "/real/w/proc/sys", "/real/w/data", "/real/w/data/usb", "/real/w/a b", "/elsewhere", "/x", "/real/w/proc"}
 	hosts, covers := coverHostMounts(binds, points)
-	if want := []string{"/real/w/proc", "/real/w/a b", "/real/w/data/usb"}; !slices.Equal(hosts, want) {
+	// Each once, also when listed twice (stacked mounts).
+	if want := []string{"/real/w/a b", "/real/w/proc", "/real/w/data/usb"}; !slices.Equal(hosts, want) {
 		t.Errorf("covered %q, want %q", hosts, want)
 	}
 	var targets []string
@@ -573,8 +585,19 @@ func TestCoverHostMounts(t *testing.T) {
 		}
 		targets = append(targets, c.Target)
 	}
-	if want := []string{"/w/proc", "/w/a b", "/w/data/usb"}; !slices.Equal(targets, want) {
+	if want := []string{"/w/a b", "/w/proc", "/w/data/usb"}; !slices.Equal(targets, want) {
 		t.Errorf("cover targets %q, want %q", targets, want)
+	}
+	// A workspace named through a link: what lies below its source is
+	// covered at the name the container knows, even where another bind
+	// mounts the same source under its real name.
+	_, covers = coverHostMounts([]bind{{"/real/w", "/alias"}, {"/real/w/m", "/real/w/m"}}, []string{"/real/w", "/real/w/m"})
+	if len(covers) != 1 || covers[0].Target != "/alias/m" {
+		t.Errorf("covers of a workspace through a link: %+v, want one at /alias/m", covers)
+	}
+	info := "36 35 98:0 / /real/w rw - ext4 /dev/sda1 rw\n37 36 0:55 / /real/w/a\\040b ro - tmpfs tmpfs ro\n"
+	if got := mountPointsOf([]byte(info)); !slices.Equal(got, []string{"/real/w", "/real/w/a b"}) {
+		t.Errorf("mountPointsOf = %q", got)
 	}
 	if got := unescapeMountinfo(`/real/w/a\040b\134c`); got != `/real/w/a b\c` {
 		t.Errorf("unescapeMountinfo = %q", got)

@@ -268,13 +268,18 @@ type mountCheck struct {
 	dev, ino uint64
 	// known says a session of this sandboxd can write above the source.
 	known bool
+	// mountPoint says the target must be a mount point in the container:
+	// a mount that the engine, following a link planted in a directory
+	// above, put somewhere else leaves the target showing the directory
+	// as checked, and only the mount table tells.
+	mountPoint bool
 }
 
 // verifyMounts makes sure each target in the running container is the
 // directory that was checked: a sandboxed command able to write above a
 // source can swap it for a link between the check and the engine's mount,
 // which follows links; the device and inode seen from inside tell.
-func (s *Session) verifyMounts(ctx context.Context, checks []mountCheck) error {
+func (s *Session) verifyMounts(ctx context.Context, checks []mountCheck, covers []string) error {
 	cmd := []string{"stat", "-c", "%d:%i", "--"}
 	for _, c := range checks {
 		cmd = append(cmd, c.target)
@@ -312,6 +317,48 @@ func (s *Session) verifyMounts(ctx context.Context, checks []mountCheck) error {
 			s.m.log.Warn("a mount source was swapped between its check and its mount", "session", s.ID, "target", c.target)
 			return fmt.Errorf("%w: workspace: %q changed between its check and its mount (%s, checked %d:%d; if every session is refused so, the engine runs in a VM or on another host, whose view of the files sandboxd cannot check: use a local engine)", ErrInvalid, c.target, lines[i], c.dev, c.ino)
 		}
+	}
+	return s.verifyMountPoints(ctx, checks, covers)
+}
+
+// verifyMountPoints makes sure every mount landed on its target: the
+// engine finds a target inside a writable directory by following links,
+// and a link planted there at the right moment would put the mount
+// elsewhere in the container, while the target, still the directory
+// checked, shows the same device and inode.
+func (s *Session) verifyMountPoints(ctx context.Context, checks []mountCheck, covers []string) error {
+	want := slices.Clone(covers)
+	for _, c := range checks {
+		if c.mountPoint {
+			want = append(want, c.target)
+		}
+	}
+	if len(want) == 0 {
+		return nil
+	}
+	out, err := s.execOutput(ctx, []string{"cat", "/proc/self/mountinfo"})
+	if err != nil {
+		return fmt.Errorf("verify mounts: read the container's mount table: %w", err)
+	}
+	points := mountPointsOf(out)
+	for _, t := range want {
+		if !slices.Contains(points, t) {
+			s.m.log.Warn("a mount did not land on its target", "session", s.ID, "target", t)
+			return fmt.Errorf("%w: workspace: nothing is mounted at %q in the container: a link put in its way sent the mount elsewhere", ErrInvalid, t)
+		}
+	}
+	return nil
+}
+
+// distinctTargets refuses two mounts at one place, which the engine would
+// refuse with less to say.
+func distinctTargets(mounts []mount.Mount) error {
+	seen := map[string]bool{}
+	for _, m := range mounts {
+		if seen[m.Target] {
+			return fmt.Errorf("%w: two mounts at %q (a session directory, session.mounts, or a filesystem below a session directory)", ErrInvalid, m.Target)
+		}
+		seen[m.Target] = true
 	}
 	return nil
 }
@@ -428,7 +475,7 @@ func (s *Session) grantedMounts() ([]Mount, []mountCheck, error) {
 			return nil, nil, fmt.Errorf("%w: session.mounts: source %q changed while it was checked", ErrInvalid, mt.Source)
 		}
 		mounts[i].Source = real
-		checks = append(checks, mountCheck{target: mt.Target, dev: uint64(st.Dev), ino: st.Ino, known: s.m.writableByAnother(s, real)})
+		checks = append(checks, mountCheck{target: mt.Target, dev: uint64(st.Dev), ino: st.Ino, known: s.m.writableByAnother(s, real), mountPoint: true})
 	}
 	return mounts, checks, nil
 }
@@ -484,6 +531,9 @@ func (s *Session) start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("open session %s: %w", s.ID, err)
 	}
+	for i := range checks {
+		checks[i].mountPoint = slices.ContainsFunc(binds, func(b bind) bool { return b.target == checks[i].target })
+	}
 	covered, covers := coverHostMounts(binds, hostMountPoints())
 	protected, gitChecks, err := s.protectGit(real, binds, covered)
 	if err != nil {
@@ -498,6 +548,13 @@ func (s *Session) start(ctx context.Context) error {
 	}
 	checks = append(checks, granted...)
 	cfg, hostCfg := containerConfig(sc, spec, binds, protected, user, m.instance.Labels(s.ID))
+	if err := distinctTargets(hostCfg.Mounts); err != nil {
+		return fmt.Errorf("open session %s: %w", s.ID, err)
+	}
+	var coverTargets []string
+	for _, c := range covers {
+		coverTargets = append(coverTargets, c.Target)
+	}
 	name := "sandboxd-" + m.instance.ID + "-" + containerSafe(s.ID)
 	suffix, err := randomID(3)
 	if err != nil {
@@ -537,7 +594,7 @@ func (s *Session) start(ctx context.Context) error {
 		s.removeContainer()
 		return fmt.Errorf("open session %s: start container: %w", s.ID, EngineError(err))
 	}
-	if err := s.verifyMounts(ctx, checks); err != nil {
+	if err := s.verifyMounts(ctx, checks, coverTargets); err != nil {
 		s.removeContainer()
 		return fmt.Errorf("open session %s: %w", s.ID, err)
 	}
@@ -604,6 +661,38 @@ func (s *Session) protectGit(real []string, binds []bind, covered []string) ([]m
 	if err != nil {
 		return nil, nil, err
 	}
+	type readOnly struct {
+		g      gitFile
+		b      bind
+		rel    string
+		target string
+	}
+	var ros []readOnly
+	for _, g := range found {
+		for _, b := range binds {
+			if g.path == b.source || !Within(b.source, g.path) {
+				continue
+			}
+			// Below a filesystem this bind does not show: not there.
+			if slices.ContainsFunc(covered, func(h string) bool { return h != b.source && Within(b.source, h) && Within(h, g.path) }) {
+				continue
+			}
+			rel, _ := filepath.Rel(b.source, g.path)
+			target := filepath.Join(b.target, rel)
+			// A pointer naming a directory that holds a session
+			// directory would make that read-only: left alone.
+			if slices.ContainsFunc(binds, func(o bind) bool { return Within(target, o.target) }) ||
+				slices.ContainsFunc(ros, func(r readOnly) bool { return r.target == target }) {
+				continue
+			}
+			ros = append(ros, readOnly{g, b, rel, target})
+		}
+	}
+	// Inside a read-only mount nothing can be renamed: what lies there
+	// needs neither a mount of its own nor a pin.
+	underRO := func(t string, strictly bool) bool {
+		return slices.ContainsFunc(ros, func(r readOnly) bool { return Within(r.target, t) && (!strictly || r.target != t) })
+	}
 	var mounts []mount.Mount
 	var checks []mountCheck
 	planned := map[string]bool{}
@@ -613,44 +702,26 @@ func (s *Session) protectGit(real []string, binds []bind, covered []string) ([]m
 	plan := func(source, target, mode string, dev, ino uint64) {
 		planned[target] = true
 		mounts = append(mounts, bindMount(source, target, mode))
-		checks = append(checks, mountCheck{target: target, dev: dev, ino: ino, known: s.m.writableByAnother(s, source)})
+		checks = append(checks, mountCheck{target: target, dev: dev, ino: ino, known: s.m.writableByAnother(s, source), mountPoint: true})
 	}
-	for _, g := range found {
-		if slices.ContainsFunc(covered, func(h string) bool { return Within(h, g.path) }) {
-			continue // on a filesystem the container does not show
+	for _, r := range ros {
+		if underRO(r.target, true) {
+			continue
 		}
-		for _, b := range binds {
-			if g.path == b.source || !Within(b.source, g.path) {
+		parts := strings.Split(r.rel, "/")
+		for k := 1; k < len(parts); k++ {
+			sub := filepath.Join(parts[:k]...)
+			target := filepath.Join(r.b.target, sub)
+			if planned[target] || underRO(target, false) {
 				continue
 			}
-			rel, _ := filepath.Rel(b.source, g.path)
-			target := filepath.Join(b.target, rel)
-			// A pointer naming a directory that holds a session
-			// directory would make that read-only: left alone.
-			if slices.ContainsFunc(binds, func(o bind) bool { return Within(target, o.target) }) {
-				continue
+			st, err := statUnlinked(filepath.Join(r.b.source, sub))
+			if err != nil {
+				return nil, nil, fmt.Errorf("%w: workspace: %q changed while it was checked: %v", ErrInvalid, filepath.Join(r.b.source, sub), err)
 			}
-			if planned[target] {
-				continue
-			}
-			parts := strings.Split(rel, "/")
-			pinned := true
-			for k := 1; k < len(parts); k++ {
-				sub := filepath.Join(parts[:k]...)
-				if planned[filepath.Join(b.target, sub)] {
-					continue
-				}
-				st, err := statUnlinked(filepath.Join(b.source, sub))
-				if err != nil {
-					pinned = false
-					break
-				}
-				plan(filepath.Join(b.source, sub), filepath.Join(b.target, sub), "rw", uint64(st.Dev), st.Ino)
-			}
-			if pinned {
-				plan(g.path, target, "ro", g.dev, g.ino)
-			}
+			plan(filepath.Join(r.b.source, sub), target, "rw", uint64(st.Dev), st.Ino)
 		}
+		plan(r.g.path, r.target, "ro", r.g.dev, r.g.ino)
 	}
 	s.gitSeen = found
 	return mounts, checks, nil
@@ -726,14 +797,21 @@ func gitMetadataOf(real []string) []string {
 	return found
 }
 
-// isGitDir reports whether dir looks like a git directory (it has a HEAD):
+// isGitDir reports whether dir looks like a git directory (a HEAD, or
+// objects and refs):
 // a pointer to any other directory would only make that read-only.
 func isGitDir(dir string) bool {
 	if dir == "" {
 		return false
 	}
-	fi, err := os.Lstat(filepath.Join(dir, "HEAD"))
-	return err == nil && fi.Mode().IsRegular()
+	// HEAD may be a link (core.preferSymlinkRefs); a common directory
+	// needs none, only objects and refs.
+	if fi, err := os.Lstat(filepath.Join(dir, "HEAD")); err == nil && (fi.Mode().IsRegular() || fi.Mode()&os.ModeSymlink != 0) {
+		return true
+	}
+	objects, err1 := os.Lstat(filepath.Join(dir, "objects"))
+	refs, err2 := os.Lstat(filepath.Join(dir, "refs"))
+	return err1 == nil && err2 == nil && objects.IsDir() && refs.IsDir()
 }
 
 // unlinked reports whether no component of p below one of the session
@@ -802,24 +880,30 @@ func pointedTo(file, prefix string) string {
 // of its own is not covered. It returns the host paths covered and the
 // mounts.
 func coverHostMounts(binds []bind, mountPoints []string) ([]string, []mount.Mount) {
+	// Stacked mounts list a place more than once: it is covered once.
+	mountPoints = slices.Compact(slices.Sorted(slices.Values(mountPoints)))
 	var hosts []string
 	var covers []mount.Mount
-	isSource := func(p string) bool { return slices.ContainsFunc(binds, func(b bind) bool { return b.source == p }) }
 	for _, b := range binds {
 		for _, p := range mountPoints {
-			if p == b.source || !Within(b.source, p) || isSource(p) {
+			if p == b.source || !Within(b.source, p) {
 				continue
 			}
-			// Only the topmost: what lies below a covered one, or below
-			// another bind's source, is not in the container anyway.
+			// Only the topmost: what lies below a covered one is not in
+			// the container anyway.
 			if slices.ContainsFunc(mountPoints, func(o string) bool {
 				return o != p && o != b.source && Within(b.source, o) && Within(o, p)
 			}) {
 				continue
 			}
 			rel, _ := filepath.Rel(b.source, p)
+			target := filepath.Join(b.target, rel)
+			// Mounted there as a session directory of its own.
+			if slices.ContainsFunc(binds, func(o bind) bool { return o.target == target }) {
+				continue
+			}
 			hosts = append(hosts, p)
-			covers = append(covers, mount.Mount{Type: mount.TypeTmpfs, Target: filepath.Join(b.target, rel), ReadOnly: true,
+			covers = append(covers, mount.Mount{Type: mount.TypeTmpfs, Target: target, ReadOnly: true,
 				TmpfsOptions: &mount.TmpfsOptions{SizeBytes: 4096, Mode: 0o555}})
 		}
 	}
@@ -833,10 +917,14 @@ func hostMountPoints() []string {
 	if err != nil {
 		return nil
 	}
+	return mountPointsOf(b)
+}
+
+// mountPointsOf lists the mount points of a mountinfo table.
+func mountPointsOf(mountinfo []byte) []string {
 	var points []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 {
+	for _, line := range strings.Split(string(mountinfo), "\n") {
+		if f := strings.Fields(line); len(f) > 4 {
 			points = append(points, unescapeMountinfo(f[4]))
 		}
 	}
