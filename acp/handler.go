@@ -270,10 +270,10 @@ func (t *Terminals) sessionForCreate(ctx context.Context, sid, cwd string) (*san
 // a session's workspace must lie within the connection's workspace.
 func (t *Terminals) checkWorkspace(field, dir string) error {
 	if !filepath.IsAbs(dir) {
-		return fmt.Errorf("%w: %s: %q is not an absolute path", sandbox.ErrInvalid, field, dir)
+		return fmt.Errorf("%w: %s: %.200q is not an absolute path", sandbox.ErrInvalid, field, dir)
 	}
 	if !sandbox.Within(t.workspace, filepath.Clean(dir)) {
-		return fmt.Errorf("%w: %s: %q is outside the workspace %s that sandboxd serves", sandbox.ErrInvalid, field, dir, t.workspace)
+		return fmt.Errorf("%w: %s: %.200q is outside the workspace %s that sandboxd serves", sandbox.ErrInvalid, field, dir, t.workspace)
 	}
 	return nil
 }

@@ -54,9 +54,16 @@ func get[T any](f fields, name string, required bool, dst *T) error {
 		if err := checkText(f.path+name, s); err != nil {
 			return err
 		}
+		// An id names containers, labels and log lines.
+		if (name == "sessionId" || name == "terminalId") && len(s) > maxIDLen {
+			return invalidParams("%s%s: %d bytes is longer than the %d an id may have", f.path, name, len(s), maxIDLen)
+		}
 	}
 	return nil
 }
+
+// maxIDLen bounds a session or terminal id a peer sends.
+const maxIDLen = 256
 
 // items decodes an array field whose schema has
 // x-deserialize-default-on-error and x-deserialize-skip-invalid-items, as

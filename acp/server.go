@@ -265,21 +265,22 @@ func (s *LineStream) ReadObject(v any) error {
 		}
 		// The id, as the peer wrote it, decides what the JSON-RPC
 		// library can be given.
-		var head struct {
-			JSONRPC *string         `json:"jsonrpc"`
-			ID      json.RawMessage `json:"id"`
-			Method  *string         `json:"method"`
-		}
+		// Members by their exact names, the last of a repeat, as the
+		// library reads them: a struct would also take "Id" for "id", and
+		// the answer would carry an id the peer did not send.
+		var head map[string]json.RawMessage
 		json.Unmarshal(line, &head) // a message that is no object fails below
-		id := head.ID
+		id := head["id"]
+		var jsonrpc string
+		_, hasMethod := head["method"]
 		first := bytes.TrimLeft(line, " \t\r\n")
-		if first[0] == '{' && (head.JSONRPC == nil || *head.JSONRPC != "2.0") {
+		if first[0] == '{' && (json.Unmarshal(head["jsonrpc"], &jsonrpc) != nil || jsonrpc != "2.0") {
 			// The library ignores the member; JSON-RPC 2.0 says it must
 			// be there and be exactly "2.0".
 			s.replyError(id, CodeInvalidRequest, `invalid request: "jsonrpc" must be "2.0"`)
 			continue
 		}
-		if head.Method != nil && string(id) == "null" {
+		if hasMethod && string(id) == "null" {
 			// The library takes it for a notification and would answer
 			// nothing; the peer would wait for ever.
 			s.replyError(nil, CodeInvalidRequest, errNullID.Message)

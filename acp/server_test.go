@@ -104,12 +104,23 @@ func TestLineStreamSurvivesBadLines(t *testing.T) {
 		{"jsonrpc 1.0", `{"jsonrpc":"1.0","id":9,"method":"echo","params":{}}`, CodeInvalidRequest},
 		{"jsonrpc a number", `{"jsonrpc":2.0,"id":10,"method":"echo","params":{}}`, CodeInvalidRequest},
 		{"no jsonrpc member after a space", ` 	{"id":11,"method":"echo","params":{}}`, CodeInvalidRequest},
+		// Only "id" is the id: an "Id" beside it is no member of JSON-RPC.
+		{"an Id beside the id", `{"jsonrpc":"2.0","id":12,"Id":-1,"method":"nope","params":{}}`, CodeMethodNotFound},
+		{"an ID of null beside the id", `{"jsonrpc":"2.0","id":13,"ID":null,"method":"nope","params":{}}`, CodeMethodNotFound},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			send(tc.line)
-			if got := errCode(recv()); got != tc.code {
+			rep := recv()
+			if got := errCode(rep); got != tc.code {
 				t.Errorf("code = %v, want %v", got, tc.code)
+			}
+			// Answered under the id sent, when it could be read.
+			var sent map[string]any
+			if json.Unmarshal([]byte(tc.line), &sent) == nil {
+				if want, ok := sent["id"]; ok && rep["id"] != want {
+					t.Errorf("answered id %v, want %v", rep["id"], want)
+				}
 			}
 		})
 	}
@@ -174,6 +185,7 @@ func TestParamsNameTheField(t *testing.T) {
 		{`{"sessionId":1}`, "sessionId: must be a string"},
 		{`{}`, "sessionId: required"},
 		{`{"sessionId":"a\u0000b"}`, "sessionId: contains a NUL byte"},
+		{`{"sessionId":"` + strings.Repeat("s", 257) + `"}`, "sessionId: 257 bytes is longer than the 256"},
 	}
 	for _, tc := range tests {
 		f, err := decodeFields(json.RawMessage(tc.params), "")

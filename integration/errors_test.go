@@ -296,3 +296,25 @@ func TestCreateReadsArgsEnvAndCwdAsTheSchemaSays(t *testing.T) {
 		})
 	}
 }
+
+// TestCreateRacingCloseIsUnknownSession: a terminal/create that meets its
+// session's close either starts or is told the session is gone (-32002),
+// never the engine's words for a container removed under it.
+func TestCreateRacingCloseIsUnknownSession(t *testing.T) {
+	srv := startServe(t, workspace(t))
+	c := srv.raw()
+	for i := range 6 {
+		sid := fmt.Sprintf("race%d", i)
+		if rep := c.call(t, 1, "terminal/create", map[string]any{"sessionId": sid, "command": "true"}); rep.Error != nil {
+			t.Fatalf("first create: %+v", rep.Error)
+		}
+		c.send(t, `{"jsonrpc":"2.0","id":2,"method":"terminal/create","params":{"sessionId":"`+sid+`","command":"sleep 1"}}`+"\n"+
+			`{"jsonrpc":"2.0","id":3,"method":"_sandboxd/session/close","params":{"sessionId":"`+sid+`"}}`)
+		for range 2 {
+			rep := c.recv(t)
+			if string(rep.ID) == "2" && rep.Error != nil && rep.Error.Code != -32002 {
+				t.Errorf("create racing close: %d %q, want it started or -32002", rep.Error.Code, rep.Error.Message)
+			}
+		}
+	}
+}

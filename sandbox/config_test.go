@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -618,6 +619,26 @@ func TestExecErrorMissing(t *testing.T) {
 	} {
 		if got := (&execError{code: tc.code, output: tc.output}).missing(); got != tc.want {
 			t.Errorf("missing(%d, %.60q) = %v, want %v", tc.code, tc.output, got, tc.want)
+		}
+	}
+}
+
+// TestErrorsCutWhatThePeerSent: a huge value a peer sent is quoted in part.
+func TestErrorsCutWhatThePeerSent(t *testing.T) {
+	cfg, err := LoadConfig(sandboxd.DefaultConfig, "", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := strings.Repeat("x", 100000)
+	for _, spec := range []SessionSpec{
+		{Workspace: long},
+		{Workspace: "/w", Network: long},
+		{Workspace: "/w", ExtraDirs: []string{long}},
+		{Workspace: "/w", Dir: "/elsewhere/" + long},
+	} {
+		_, err := ValidateSpec(cfg, 2, spec)
+		if err == nil || len(err.Error()) > 1000 {
+			t.Errorf("ValidateSpec: %d bytes of error, want a refusal under 1000", len(fmt.Sprint(err)))
 		}
 	}
 }

@@ -155,7 +155,7 @@ func ValidateSpec(cfg Config, hostCPUs int, spec SessionSpec) (SessionSpec, erro
 		return spec, err
 	}
 	if !filepath.IsAbs(spec.Workspace) {
-		return spec, fmt.Errorf("%w: cwd: %q is not an absolute path", ErrInvalid, spec.Workspace)
+		return spec, fmt.Errorf("%w: cwd: %.200q is not an absolute path", ErrInvalid, spec.Workspace)
 	}
 	spec.Workspace = filepath.Clean(spec.Workspace)
 	// Cleaned in a copy: the caller's spec shares the slice, and may be
@@ -166,7 +166,7 @@ func ValidateSpec(cfg Config, hostCPUs int, spec SessionSpec) (SessionSpec, erro
 			return spec, err
 		}
 		if !filepath.IsAbs(d) {
-			return spec, fmt.Errorf("%w: additionalDirectories: %q is not an absolute path", ErrInvalid, d)
+			return spec, fmt.Errorf("%w: additionalDirectories: %.200q is not an absolute path", ErrInvalid, d)
 		}
 		spec.ExtraDirs[i] = filepath.Clean(d)
 	}
@@ -191,7 +191,7 @@ func ValidateSpec(cfg Config, hostCPUs int, spec SessionSpec) (SessionSpec, erro
 		if c.Network != "none" {
 			allowed = fmt.Sprintf(`%q or "none"`, c.Network)
 		}
-		return spec, fmt.Errorf("%w: network: %q is not allowed; use %s", ErrInvalid, spec.Network, allowed)
+		return spec, fmt.Errorf("%w: network: %.200q is not allowed; use %s", ErrInvalid, spec.Network, allowed)
 	}
 	l := c.Limits()
 	if spec.Limits.CPUs != 0 {
@@ -222,7 +222,7 @@ func checkDir(spec SessionSpec) (string, error) {
 		return "", err
 	}
 	if !filepath.IsAbs(spec.Dir) {
-		return "", fmt.Errorf("%w: cwd: %q is not an absolute path", ErrInvalid, spec.Dir)
+		return "", fmt.Errorf("%w: cwd: %.200q is not an absolute path", ErrInvalid, spec.Dir)
 	}
 	dir := filepath.Clean(spec.Dir)
 	for _, root := range append([]string{spec.Workspace}, spec.ExtraDirs...) {
@@ -230,7 +230,7 @@ func checkDir(spec SessionSpec) (string, error) {
 			return dir, nil
 		}
 	}
-	return "", fmt.Errorf("%w: cwd: %q is outside the session's workspace %s", ErrInvalid, spec.Dir, spec.Workspace)
+	return "", fmt.Errorf("%w: cwd: %.200q is outside the session's workspace %s", ErrInvalid, spec.Dir, spec.Workspace)
 }
 
 // checkMountSource refuses to bind-mount dir when it is, holds or lies in
@@ -243,7 +243,7 @@ func checkMountSource(dir, engineSocket string) (real string, err error) {
 		return "", fmt.Errorf("%w: workspace: %v", ErrInvalid, err)
 	}
 	if real == "/" {
-		return "", fmt.Errorf("%w: workspace: %q is the host's root directory; run sandboxd in a project directory", ErrInvalid, dir)
+		return "", fmt.Errorf("%w: workspace: %.200q is the host's root directory; run sandboxd in a project directory", ErrInvalid, dir)
 	}
 	// The host's kernel and runtime directories: /run holds the sockets
 	// of the engine, containerd and the system and user buses, each a
@@ -251,12 +251,12 @@ func checkMountSource(dir, engineSocket string) (real string, err error) {
 	// project may well live there.
 	for _, h := range []string{"/proc", "/sys", "/dev", "/run"} {
 		if Within(real, h) || Within(h, real) && !(Within("/run/media", real) && real != "/run/media") {
-			return "", fmt.Errorf("%w: workspace: %q is or holds the host's %s, which no sandbox may see", ErrInvalid, dir, h)
+			return "", fmt.Errorf("%w: workspace: %.200q is or holds the host's %s, which no sandbox may see", ErrInvalid, dir, h)
 		}
 	}
 	if engineSocket != "" {
 		if sock, err := filepath.EvalSymlinks(engineSocket); err == nil && Within(real, sock) {
-			return "", fmt.Errorf("%w: workspace: %q holds the Docker Engine's socket %s, which would give commands the engine", ErrInvalid, dir, sock)
+			return "", fmt.Errorf("%w: workspace: %.200q holds the Docker Engine's socket %s, which would give commands the engine", ErrInvalid, dir, sock)
 		}
 	}
 	return real, nil
@@ -489,7 +489,7 @@ func (s *Session) start(ctx context.Context) error {
 	s.spec = spec
 	for _, d := range spec.ExtraDirs {
 		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
-			return fmt.Errorf("open session %s: %w: additionalDirectories: %q is not a directory", s.ID, ErrInvalid, d)
+			return fmt.Errorf("open session %s: %w: additionalDirectories: %.200q is not a directory", s.ID, ErrInvalid, d)
 		}
 	}
 	// Each source is checked, then its device and inode are read from the

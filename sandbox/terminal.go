@@ -149,7 +149,7 @@ func (s *Session) validate(c Command) (cwd string, limit int, err error) {
 		case e.Name == "":
 			return "", 0, fmt.Errorf("%w: %s: must not be empty", ErrInvalid, field)
 		case strings.ContainsAny(e.Name, "=\x00"):
-			return "", 0, fmt.Errorf("%w: %s: %q must not contain '=' or NUL", ErrInvalid, field, e.Name)
+			return "", 0, fmt.Errorf("%w: %s: %.200q must not contain '=' or NUL", ErrInvalid, field, e.Name)
 		case e.Name == MarkerEnv:
 			return "", 0, fmt.Errorf("%w: %s: %s is reserved by sandboxd", ErrInvalid, field, MarkerEnv)
 		}
@@ -163,11 +163,11 @@ func (s *Session) validate(c Command) (cwd string, limit int, err error) {
 			return "", 0, err
 		}
 		if !strings.HasPrefix(c.Cwd, "/") {
-			return "", 0, fmt.Errorf("%w: cwd: %q is not an absolute path", ErrInvalid, c.Cwd)
+			return "", 0, fmt.Errorf("%w: cwd: %.200q is not an absolute path", ErrInvalid, c.Cwd)
 		}
 		cwd = filepath.Clean(c.Cwd)
 		if !s.inMounts(cwd) {
-			return "", 0, fmt.Errorf("%w: cwd: %q is outside the session's workspace %s", ErrInvalid, c.Cwd, s.spec.Workspace)
+			return "", 0, fmt.Errorf("%w: cwd: %.200q is outside the session's workspace %s", ErrInvalid, c.Cwd, s.spec.Workspace)
 		}
 	}
 	tc := s.m.cfg.Terminal
@@ -235,6 +235,11 @@ func (s *Session) Start(ctx context.Context, c Command) (*Terminal, error) {
 	if err := t.start(ctx, cwd); err != nil {
 		s.forgetTerminal(t)
 		t.unhold() // no command runs
+		if s.isClosed() {
+			// The engine's words for a container removed under the
+			// start (an upgrade it refused) mean this.
+			return nil, fmt.Errorf("create terminal in session %s: %w: the session was closed meanwhile", s.ID, ErrNotFound)
+		}
 		return nil, err
 	}
 	return t, nil
