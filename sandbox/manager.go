@@ -445,6 +445,33 @@ func (m *Manager) forget(s *Session) {
 	m.mu.Unlock()
 }
 
+// removeLater tries again, in the background, to remove the container of a
+// closed session whose removal failed (an engine under load may not stop
+// a container in time), rather than leave it until the next start; the
+// exit removes what is left when sandboxd stops first.
+func (m *Manager) removeLater(s *Session) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return
+	}
+	m.wg.Go(func() {
+		for _, wait := range []time.Duration{2 * time.Second, 10 * time.Second, 30 * time.Second} {
+			select {
+			case <-time.After(wait):
+			case <-m.ctx.Done():
+				return
+			}
+			err := s.removeContainer()
+			if err == nil {
+				m.log.Info("container of a closed session removed on a later try", "session", s.ID)
+				return
+			}
+			m.log.Warn("remove container of a closed session", "session", s.ID, "err", err)
+		}
+	})
+}
+
 // detach takes s out of sessions, if it is there, and keeps it among the
 // detached until forget.
 func (m *Manager) detach(s *Session) {

@@ -1123,6 +1123,9 @@ func (s *Session) Close(ctx context.Context) error {
 			t.markSent(syscall.SIGKILL)
 		}
 		s.closeErr = s.removeContainer()
+		if s.closeErr != nil {
+			s.m.removeLater(s)
+		}
 		for _, t := range terms {
 			t.close()
 		}
