@@ -522,12 +522,20 @@ func (e *fakeEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			answer(201, fmt.Sprintf(`{"Id":"nostat%d"}`, e.execs.Add(1)))
 			return
 		}
+		if len(req.Cmd) > 0 && req.Cmd[0] == "cat" {
+			// sandboxd's own read of the mount table: no terminal's.
+			answer(201, fmt.Sprintf(`{"Id":"cat%d"}`, e.execs.Add(1)))
+			return
+		}
 		answer(201, fmt.Sprintf(`{"Id":"exec%d"}`, e.execs.Add(1)))
 	case strings.Contains(path, "/exec/nostat") && strings.HasSuffix(path, "/start"):
 		io.Copy(io.Discard, r.Body)
 		e.streamOnce(w, []byte(`OCI runtime exec failed: exec failed: unable to start container process: exec: "stat": executable file not found in $PATH: unknown`+"\r\n"))
 	case strings.Contains(path, "/exec/nostat") && strings.HasSuffix(path, "/json"):
 		answer(200, `{"Running":false,"ExitCode":126}`)
+	case strings.Contains(path, "/exec/cat") && strings.HasSuffix(path, "/start"):
+		io.Copy(io.Discard, r.Body)
+		e.streamOnce(w, []byte("1 0 0:1 / / rw - overlay overlay rw\n"))
 	case strings.Contains(path, "/exec/") && strings.HasSuffix(path, "/start"):
 		// Read before the hijack: a pipe has no buffer to leave it in.
 		io.Copy(io.Discard, r.Body)

@@ -288,6 +288,25 @@ func (s *Session) verifyMounts(ctx context.Context, checks []mountCheck, covers 
 	// start for the whole of its time.
 	ctx, cancel := context.WithTimeout(ctx, verifyTimeout)
 	defer cancel()
+	// The mount table is read meanwhile: two execs one after the other
+	// would add one's time to every cold start.
+	want := slices.Clone(covers)
+	for _, c := range checks {
+		if c.mountPoint {
+			want = append(want, c.target)
+		}
+	}
+	type output struct {
+		b   []byte
+		err error
+	}
+	table := make(chan output, 1)
+	if len(want) > 0 {
+		go func() {
+			b, err := s.execOutput(ctx, []string{"cat", "/proc/self/mountinfo"})
+			table <- output{b, err}
+		}()
+	}
 	out, err := s.execOutput(ctx, cmd)
 	var ee *execError
 	if err != nil && !(errors.As(err, &ee) && ee.missing()) {
@@ -318,29 +337,19 @@ func (s *Session) verifyMounts(ctx context.Context, checks []mountCheck, covers 
 			return fmt.Errorf("%w: workspace: %q changed between its check and its mount (%s, checked %d:%d; if every session is refused so, the engine runs in a VM or on another host, whose view of the files sandboxd cannot check: use a local engine)", ErrInvalid, c.target, lines[i], c.dev, c.ino)
 		}
 	}
-	return s.verifyMountPoints(ctx, checks, covers)
-}
-
-// verifyMountPoints makes sure every mount landed on its target: the
-// engine finds a target inside a writable directory by following links,
-// and a link planted there at the right moment would put the mount
-// elsewhere in the container, while the target, still the directory
-// checked, shows the same device and inode.
-func (s *Session) verifyMountPoints(ctx context.Context, checks []mountCheck, covers []string) error {
-	want := slices.Clone(covers)
-	for _, c := range checks {
-		if c.mountPoint {
-			want = append(want, c.target)
-		}
-	}
 	if len(want) == 0 {
 		return nil
 	}
-	out, err := s.execOutput(ctx, []string{"cat", "/proc/self/mountinfo"})
-	if err != nil {
-		return fmt.Errorf("verify mounts: read the container's mount table: %w", err)
+	// Every mount must have landed on its target: the engine finds a
+	// target inside a writable directory by following links, and a link
+	// planted there at the right moment would put the mount elsewhere in
+	// the container, while the target, still the directory checked,
+	// shows the same device and inode.
+	t := <-table
+	if t.err != nil {
+		return fmt.Errorf("verify mounts: read the container's mount table: %w", t.err)
 	}
-	points := mountPointsOf(out)
+	points := mountPointsOf(t.b)
 	for _, t := range want {
 		if !slices.Contains(points, t) {
 			s.m.log.Warn("a mount did not land on its target", "session", s.ID, "target", t)
