@@ -38,6 +38,14 @@ type proxyPeers struct {
 	cancel                              context.CancelFunc // cancels Run
 }
 
+// rendersTerminalMeta makes the proxy's editor one that advertised
+// _meta.terminal_output, as Zed does.
+func (pp *proxyPeers) rendersTerminalMeta() {
+	pp.p.mu.Lock()
+	pp.p.editorMeta = true
+	pp.p.mu.Unlock()
+}
+
 // createTerminal has the agent create a terminal running make in session
 // s, with more params (e.g. `,"outputByteLimit":4`), and returns its id.
 func (pp *proxyPeers) createTerminal(t *testing.T, more string) string {
@@ -829,9 +837,7 @@ func TestWrapProxyFirstRefreshWaits(t *testing.T) {
 func TestWrapProxyMarksOutputItCouldNotShow(t *testing.T) {
 	e := newFakeEngine(t)
 	pp := startProxyWith(t, e.m)
-	pp.p.mu.Lock()
-	pp.p.editorMeta = true
-	pp.p.mu.Unlock()
+	pp.rendersTerminalMeta()
 	pp.newSession(t, "s")
 	id := pp.createTerminal(t, `,"outputByteLimit":4`)
 	send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c","content":[{"type":"terminal","terminalId":"`+id+`"}]}}}`+"\n")
@@ -880,9 +886,7 @@ func TestWrapProxyRunsTerminalNotifications(t *testing.T) {
 func TestWrapProxyShowsALateTerminalAsTextToZed(t *testing.T) {
 	e := newFakeEngine(t)
 	pp := startProxyWith(t, e.m)
-	pp.p.mu.Lock()
-	pp.p.editorMeta = true
-	pp.p.mu.Unlock()
+	pp.rendersTerminalMeta()
 	pp.newSession(t, "s")
 	id := pp.createTerminal(t, ``)
 	call := `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c","title":"make"}}}` + "\n"

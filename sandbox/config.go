@@ -76,6 +76,11 @@ type ServerConfig struct {
 	MaxOutputMemory ByteSize `toml:"max_output_memory"`
 }
 
+// guardsGit reports whether git metadata gets read-only mounts: asked for,
+// and in a workspace mounted writable (a read-only one is read-only there
+// too).
+func (c SessionConfig) guardsGit() bool { return c.ProtectGit && c.WorkspaceMode != "ro" }
+
 // Limits returns the session's default resource limits.
 func (c SessionConfig) Limits() limits.Limits {
 	return limits.Limits{CPUs: float64(c.CPUs), Memory: int64(c.Memory), Pids: int64(c.Pids)}

@@ -662,8 +662,7 @@ func planBinds(targets, sources []string, devs []uint64) ([]bind, error) {
 // checks make the started container show the very files that were checked
 // there.
 func (s *Session) protectGit(real []string, binds []bind, covered []string) ([]mount.Mount, []mountCheck, error) {
-	c := s.m.cfg.Session
-	if !c.ProtectGit || c.WorkspaceMode == "ro" {
+	if !s.m.cfg.Session.guardsGit() {
 		return nil, nil, nil
 	}
 	found, err := statGitMetadata(real)
@@ -761,8 +760,7 @@ func statGitMetadata(real []string) ([]gitFile, error) {
 // repository made since (`git init`, a clone) has no read-only mount in
 // it, so a spare container is no longer fit for a new session.
 func (s *Session) gitUnchanged() bool {
-	c := s.m.cfg.Session
-	if !c.ProtectGit || c.WorkspaceMode == "ro" {
+	if !s.m.cfg.Session.guardsGit() {
 		return true
 	}
 	now, err := statGitMetadata(s.mountSources)
