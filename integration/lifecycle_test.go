@@ -212,14 +212,17 @@ max_output_memory = "2MiB"
 	}
 }
 
-// TestReleasedButRunningStillCounts: a command that drops the marker the
-// kill finds processes by outlives its release; its output buffer, which
-// it can still fill, counts against server.max_output_memory until it
-// ends, so releasing such commands over and over cannot grow sandboxd's
-// memory without bound.
+// TestReleasedButRunningStillCounts: without the engine's init, which
+// sandboxd runs every command behind as its reaper, a command that drops
+// the marker the kill finds processes by outlives its release; its output
+// buffer, which it can still fill, counts against server.max_output_memory
+// until it ends, so releasing such commands over and over cannot grow
+// sandboxd's memory without bound.
 func TestReleasedButRunningStillCounts(t *testing.T) {
 	ws := workspace(t)
 	srv := startServeWithConfig(t, ws, `
+[session]
+init = false
 [terminal]
 max_output_byte_limit = "1MiB"
 kill_grace = "0s"

@@ -107,6 +107,13 @@ func TestKill(t *testing.T) {
 		{"background children", "echo started; sleep 300 & sleep 300 & wait", "started\n", "sleep 300", "signal SIGTERM"},
 		// Ignores SIGTERM and starts a process in a session of its own.
 		{"SIGTERM ignored, child escaped its session", "trap '' TERM; setsid sleep 301 & echo ready; while :; do sleep 1; done", "ready\n", "sleep 301", "signal SIGKILL"},
+		// The marker is gone, but the process is still the child of
+		// the command's reaper.
+		{"command removed the marker", "exec env -u SANDBOXD_TERMINAL sh -c 'echo ready; exec sleep 302'", "ready\n", "sleep 302", "signal SIGTERM"},
+		// Removed the marker and was orphaned; ignores SIGTERM, so by
+		// the SIGKILL its parents are gone and the reaper with them:
+		// the kill finds it again as what the SIGTERM reached.
+		{"orphan removed the marker and ignores SIGTERM", "(env -u SANDBOXD_TERMINAL sh -c \"trap '' TERM; echo ready; exec sleep 303\" &); while :; do sleep 1; done", "ready\n", "sleep 303", "signal SIGTERM"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -199,6 +200,26 @@ func TestCommandArgv(t *testing.T) {
 	for _, tc := range tests {
 		if got := tc.cmd.Argv(); strings.Join(got, "\x00") != strings.Join(tc.want, "\x00") {
 			t.Errorf("%+v.Argv() = %q, want %q", tc.cmd, got, tc.want)
+		}
+	}
+}
+
+func TestCommandExecArgv(t *testing.T) {
+	tests := []struct {
+		name   string
+		cmd    Command
+		reaper bool
+		want   []string
+	}{
+		{"merged streams", Command{Command: "ls"}, false, []string{"/bin/sh", "-c", mergeStderr, "sh", "ls"}},
+		{"merged streams, reaper", Command{Command: "ls"}, true, []string{reaperPath, "-s", "--", "/bin/sh", "-c", mergeStderr, "sh", "ls"}},
+		{"tty", Command{Command: "bash", TTY: true}, false, []string{"bash"}},
+		{"tty, reaper", Command{Command: "bash", TTY: true}, true, []string{reaperPath, "-s", "--", "bash"}},
+		{"streams apart, reaper", Command{Command: "ls", Stdout: io.Discard, Stderr: io.Discard}, true, []string{reaperPath, "-s", "--", "ls"}},
+	}
+	for _, tc := range tests {
+		if got := tc.cmd.execArgv(tc.reaper); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: execArgv = %q, want %q", tc.name, got, tc.want)
 		}
 	}
 }

@@ -1197,18 +1197,59 @@ func (s *Session) countOOMKillsLocked(n int64, now time.Time) bool {
 	return false
 }
 
-// killScript signals every process whose environment carries one of the
-// markers given as grep -e arguments. Markers are plain regular expressions
-// (letters, digits, '_' and '='): busybox grep -F stops at the first NUL of
-// environ, its regex matcher does not. For SIGKILL it repeats until none is
-// left, so that children forked while it ran are caught too; zombies have
-// an empty environ and drop out.
-const killScript = `sig=$1; shift; n=0
+// killScript signals every process of some terminals and prints them, as
+// pid:start-time pairs, for a later kill to find again. A process is one
+// of theirs when its environment carries one of the markers given as grep
+// -e arguments, when it is one of the pairs given (known, from an earlier
+// kill of the same terminals), or when it descends from one of those: a
+// process that removed the marker from its environment is still its
+// parent's child, or, once orphaned while the command runs, the child of
+// the command's own reaper (reaperPath), which carries the marker. Markers
+// are plain regular expressions (letters, digits, '_' and '='): busybox
+// grep -F stops at the first NUL of environ, its regex matcher does not.
+// The process table is read with the shell's own read, so that a fork bomb
+// that used the pids up leaves room for the kill.
+//
+// For SIGKILL the whole tree is stopped first and killed only once a
+// look finds no member that was not stopped: a process killed before its
+// children would hand them to the container's init, out of the tree, and
+// a running one could fork past the look. Zombies drop out.
+const killScript = `sig=$1; known=" $2 "; shift 2; n=0; last=
+tree() {
+  pids=" "
+  for p in $(grep -ls "$@" /proc/[0-9]*/environ | cut -d/ -f3); do pids="$pids$p "; done
+  links=
+  for d in /proc/[0-9]*; do
+    { read -r st < "$d/stat"; } 2>/dev/null || continue
+    set -- ${st##*) }
+    case $1 in Z|X) continue;; esac
+    p=${d#/proc/}
+    case $known in *" $p:${20} "*) case $pids in *" $p "*) ;; *) pids="$pids$p ";; esac;; esac
+    links="$links $p:$2:${20}"
+  done
+  grew=1
+  while [ "$pids" != " " ] && [ $grew = 1 ]; do
+    grew=0
+    for l in $links; do
+      p=${l%%:*}; pp=${l#*:}; pp=${pp%%:*}
+      case $pids in *" $p "*) continue;; esac
+      case $pids in *" $pp "*) pids="$pids$p "; grew=1;; esac
+    done
+  done
+}
 while :; do
-  pids=$(grep -ls "$@" /proc/[0-9]*/environ | cut -d/ -f3)
-  [ -n "$pids" ] || exit 0
-  kill -s "$sig" $pids 2>/dev/null
-  [ "$sig" = KILL ] || exit 0
+  tree "$@"
+  [ "$pids" = " " ] && exit 0
+  if [ "$sig" != KILL ]; then
+    kill -s "$sig" $pids 2>/dev/null
+    for l in $links; do
+      case $pids in *" ${l%%:*} "*) printf '%s:%s ' "${l%%:*}" "${l##*:}";; esac
+    done
+    exit 0
+  fi
+  kill -s STOP $pids 2>/dev/null
+  [ "$pids" = "$last" ] && kill -s KILL $pids 2>/dev/null
+  last=$pids
   n=$((n+1)); [ $n -lt 100 ] || exit 1
 done`
 
@@ -1216,20 +1257,30 @@ done`
 // and cut, with room to spare.
 const killHeadroom = 16
 
+// maxKnown bounds the pairs a kill passes on to the next, to keep them one
+// argument the kernel takes (MaxArgLen); a tree larger than that is found
+// again by its markers and their descendants only.
+const maxKnown = 64 << 10
+
 // signalMarked sends sig to every process of the given terminals, found by
-// their marker environment variable. It runs as an exec, so it works with a
-// remote engine too.
-func (s *Session) signalMarked(ctx context.Context, sig syscall.Signal, terminals []string) error {
-	argv := []string{"/bin/sh", "-c", killScript, "sh", strings.TrimPrefix(SignalName(sig), "SIG")}
+// their marker environment variable, known (what an earlier signalMarked
+// of the same terminals returned) and descent, and returns what it
+// signalled, for the next. It runs as an exec, so it works with a remote
+// engine too.
+func (s *Session) signalMarked(ctx context.Context, sig syscall.Signal, terminals []string, known string) (string, error) {
+	if len(known) > maxKnown {
+		known = known[:strings.LastIndexByte(known[:maxKnown], ' ')+1]
+	}
+	argv := []string{"/bin/sh", "-c", killScript, "sh", strings.TrimPrefix(SignalName(sig), "SIG"), known}
 	for _, id := range terminals {
 		// The marker with its NUL terminator would be exact, but grep
 		// cannot take NUL; ids have a fixed length, so no id is a prefix
 		// of another.
 		argv = append(argv, "-e", MarkerEnv+"="+id)
 	}
-	_, err := s.execOutput(ctx, argv)
+	out, err := s.execOutput(ctx, argv)
 	if err == nil {
-		return nil
+		return string(out), nil
 	}
 	// A command that used up the pids limit (a fork bomb) leaves no pid
 	// for the kill itself: lend the container a few pids for the kill,
@@ -1237,11 +1288,11 @@ func (s *Session) signalMarked(ctx context.Context, sig syscall.Signal, terminal
 	s.m.log.Debug("kill exec failed; retrying with pids headroom", "session", s.ID, "err", err)
 	restore, uerr := s.lendPids(ctx, killHeadroom)
 	if uerr != nil {
-		return errors.Join(err, uerr)
+		return "", errors.Join(err, uerr)
 	}
 	defer restore()
-	_, err = s.execOutput(ctx, argv)
-	return err
+	out, err = s.execOutput(ctx, argv)
+	return string(out), err
 }
 
 // sweepDelay batches the sweeps of released terminals, so that an agent
@@ -1273,7 +1324,7 @@ func (s *Session) runSweep() {
 	}
 	ctx, cancel := context.WithTimeout(s.m.ctx, time.Minute)
 	defer cancel()
-	if err := s.signalMarked(ctx, syscall.SIGKILL, ids); err != nil && ctx.Err() == nil {
+	if _, err := s.signalMarked(ctx, syscall.SIGKILL, ids, ""); err != nil && ctx.Err() == nil {
 		s.m.log.Debug("sweep after release", "session", s.ID, "err", err)
 	}
 }

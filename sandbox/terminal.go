@@ -81,8 +81,11 @@ type Terminal struct {
 	status ExitStatus
 
 	mu   sync.Mutex
-	sent uint64   // bit n set once sandboxd sent signal n
-	kill *killing // the kill in progress or done, nil after one failed
+	sent uint64 // bit n set once sandboxd sent signal n
+	// signalled is what the last signal reached, as pid:start-time pairs
+	// (signalMarked).
+	signalled string
+	kill      *killing // the kill in progress or done, nil after one failed
 	// closed is set once the connection is closed, or is to be as soon
 	// as start has it.
 	closed bool
@@ -103,14 +106,27 @@ func (c Command) Argv() []string {
 // cannot.
 const mergeStderr = `exec "$@" 2>&1`
 
+// reaperPath is the engine's init (tini), which it mounts into every container
+// started with init. Each command runs behind one of its own, registered as
+// the subreaper of what the command starts: a process orphaned while the
+// command runs becomes its child, not the container's init's, so the kill
+// still finds it among the descendants of a marked process even if it
+// removed the marker (killScript). The reaper exits with its child's
+// status, 128+n for signal n.
+const reaperPath = "/sbin/docker-init"
+
 // execArgv is what the engine runs: Argv, behind mergeStderr unless the
-// streams are kept apart (sandboxd run) or a TTY merges them already.
-func (c Command) execArgv() []string {
+// streams are kept apart (sandboxd run) or a TTY merges them already, and
+// behind the reaper when the container has one.
+func (c Command) execArgv(reaper bool) []string {
 	argv := c.Argv()
-	if c.TTY || c.Stdout != nil || c.Stderr != nil {
-		return argv
+	if !c.TTY && c.Stdout == nil && c.Stderr == nil {
+		argv = append([]string{"/bin/sh", "-c", mergeStderr, "sh"}, argv...)
 	}
-	return append([]string{"/bin/sh", "-c", mergeStderr, "sh"}, argv...)
+	if reaper {
+		argv = append([]string{reaperPath, "-s", "--"}, argv...)
+	}
+	return argv
 }
 
 // MaxArgLen is the longest single argument or environment string Linux
@@ -291,7 +307,7 @@ func (t *Terminal) start(ctx context.Context, cwd string) error {
 		AttachStderr: true,
 		Env:          env,
 		WorkingDir:   cwd,
-		Cmd:          t.cmd.execArgv(),
+		Cmd:          t.cmd.execArgv(s.m.cfg.Session.Init),
 	})
 	if err != nil {
 		if isNotFound(err) {
@@ -582,9 +598,21 @@ func (t *Terminal) killOnce(ctx context.Context) error {
 	return nil
 }
 
+// signalAll signals every process of the command. Those the kill found
+// before are found again by pid and start time, so that one which removed
+// the marker and whose parent then died of the first signal still gets the
+// second.
 func (t *Terminal) signalAll(ctx context.Context, sig syscall.Signal) error {
 	t.markSent(sig)
-	err := t.session.signalMarked(ctx, sig, []string{t.ID})
+	t.mu.Lock()
+	known := t.signalled
+	t.mu.Unlock()
+	found, err := t.session.signalMarked(ctx, sig, []string{t.ID}, known)
+	if err == nil && found != "" {
+		t.mu.Lock()
+		t.signalled = found
+		t.mu.Unlock()
+	}
 	if err != nil && (t.Exited() || t.session.isClosed()) {
 		// Gone already, or going with its container.
 		return nil
