@@ -72,7 +72,15 @@ type Terminals struct {
 	// closed says the connection ended: a request still under way opens
 	// no session any more, which nothing would close.
 	closed bool
+	// ended are sessions the editor closed (a proxy's, in endedOrder):
+	// a command naming one opens no container again, which nothing would
+	// remove before the wrap ends, until the editor loads or resumes it.
+	ended      map[string]bool
+	endedOrder []string
 }
+
+// maxEnded bounds how many closed sessions a connection remembers.
+const maxEnded = 1024
 
 // errClosed answers a request that comes through as the connection ends.
 var errClosed = &jsonrpc2.Error{Code: CodeInternal, Message: "the connection is closing"}
@@ -81,7 +89,8 @@ var errClosed = &jsonrpc2.Error{Code: CodeInternal, Message: "the connection is 
 // be unique per connection; workspace is the default workspace; defaults
 // give sessions their image, network and limits where set.
 func NewTerminals(m *sandbox.Manager, scope, workspace string, defaults sandbox.SessionSpec) *Terminals {
-	return &Terminals{m: m, scope: scope, workspace: workspace, defaults: defaults, sessions: make(map[string]*sandbox.SessionSpec)}
+	return &Terminals{m: m, scope: scope, workspace: workspace, defaults: defaults,
+		sessions: make(map[string]*sandbox.SessionSpec), ended: make(map[string]bool)}
 }
 
 // Manager returns the sandbox manager behind the service.
@@ -244,7 +253,11 @@ func (t *Terminals) create(ctx context.Context, params json.RawMessage) (any, er
 func (t *Terminals) sessionForCreate(ctx context.Context, sid, cwd string) (*sandbox.Session, error) {
 	t.mu.Lock()
 	again, ok := t.sessions[sid]
+	ended := t.ended[sid]
 	t.mu.Unlock()
+	if ended && !ok {
+		return nil, notFound("session %.200q was closed", sid)
+	}
 	if ok {
 		s, err := t.m.Get(ctx, t.key(sid))
 		if !errors.Is(err, sandbox.ErrNotFound) {
@@ -332,6 +345,7 @@ func (t *Terminals) Prepare(spec sandbox.SessionSpec) {
 	closed := t.closed
 	if !closed {
 		t.sessions[spec.ID] = &spec
+		delete(t.ended, spec.ID)
 	}
 	t.mu.Unlock()
 	if closed {
@@ -535,6 +549,37 @@ func (t *Terminals) Detach(sid string) (remove func(context.Context) error) {
 		}
 		return s.Close(ctx)
 	}
+}
+
+// End detaches session sid, which the editor closed, like Detach, and
+// keeps a command that names it later from opening it again.
+func (t *Terminals) End(sid string) (remove func(context.Context) error) {
+	t.mu.Lock()
+	if !t.ended[sid] {
+		t.ended[sid] = true
+		t.endedOrder = append(t.endedOrder, sid)
+		if len(t.endedOrder) > maxEnded {
+			delete(t.ended, t.endedOrder[0])
+			t.endedOrder = t.endedOrder[1:]
+		}
+	}
+	t.mu.Unlock()
+	return t.Detach(sid)
+}
+
+// implicitSpec returns the spec of session sid when a command opened it
+// before the editor named its directories: the connection's workspace.
+func (t *Terminals) implicitSpec(sid string) (sandbox.SessionSpec, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	again, ok := t.sessions[sid]
+	switch {
+	case !ok:
+		return sandbox.SessionSpec{}, false
+	case again != nil:
+		return *again, true
+	}
+	return sandbox.SessionSpec{Workspace: t.workspace}, true
 }
 
 // Close removes every session of the connection. It runs when the

@@ -394,10 +394,7 @@ func (p *Proxy) fromAgent() error {
 				p.log.Warn("dropped a terminal notification from the agent", "method", m.Method)
 			}
 			continue
-		case m.Method == MethodCancel && p.cancelAgentCall(m.Params):
-			if m.isRequest() {
-				p.replyToAgentLater(m, json.RawMessage("null"), nil) // sent as a request: answered
-			}
+		case m.Method == MethodCancel && p.cancelAgentCall(m):
 			continue
 		case m.isResponse():
 			p.sessionAnswered(m)
@@ -624,20 +621,34 @@ func idKey(id json.RawMessage) string {
 	return string(id)
 }
 
-func (p *Proxy) cancelAgentCall(params json.RawMessage) bool {
+// cancelAgentCall cancels the agent's terminal request that a
+// $/cancel_request names, and answers the cancellation when it was sent
+// as a request. It reports whether the request named is the proxy's.
+func (p *Proxy) cancelAgentCall(m message) bool {
 	var c struct {
 		RequestID json.RawMessage `json:"requestId"`
 	}
-	if json.Unmarshal(params, &c) != nil {
+	if json.Unmarshal(m.Params, &c) != nil {
 		return false
 	}
 	p.mu.Lock()
 	cancel, ok := p.agentCalls[idKey(c.RequestID)]
+	_, dup := p.agentCalls[idKey(m.ID)]
 	p.mu.Unlock()
-	if ok {
-		cancel()
+	switch {
+	case !ok:
+		return false
+	case m.isRequest() && dup:
+		// Its answer could not be told from the answer to the request
+		// in flight under the same id, which goes on.
+		p.replyToAgentLater(m, nil, duplicateID(string(m.ID)))
+		return true
 	}
-	return ok
+	cancel()
+	if m.isRequest() {
+		p.replyToAgentLater(m, json.RawMessage("null"), nil)
+	}
+	return true
 }
 
 // sessionAnswered prepares the container of a session the agent opened,
@@ -683,6 +694,10 @@ func (p *Proxy) sessionAnswered(m message) {
 	p.mu.Lock()
 	before, open := p.specs[spec.ID]
 	p.mu.Unlock()
+	if !open {
+		// A command may have opened it before the agent answered.
+		before, open = p.terms.implicitSpec(spec.ID)
+	}
 	if open && !sameMounts(before, spec) {
 		// A container cannot gain or change mounts: a session loaded
 		// again with other directories gets a new one, so that what the
@@ -744,7 +759,7 @@ func (p *Proxy) closeSession(id string) {
 	p.embedOrder = order
 	p.mu.Unlock()
 	p.updates.Unlock()
-	remove := p.terms.Detach(id)
+	remove := p.terms.End(id)
 	if remove == nil {
 		return
 	}
@@ -905,6 +920,13 @@ func (p *Proxy) rewriteUpdate(line []byte, params json.RawMessage) []byte {
 	if w == nil {
 		w = &watch{p: p, sessionID: n.SessionID, toolCallID: callID, wake: make(chan struct{}, 1)}
 		startWatch(p, p.textWatches, key, w)
+	} else if kind == "tool_call_update" && slices.EqualFunc(content, w.content, func(a, b json.RawMessage) bool { return bytes.Equal(a, b) }) {
+		// The same terminals again (a status change that repeats the
+		// content): the editor keeps what it shows, which the watch
+		// refreshes, rather than get all their output once more with
+		// every update.
+		delete(n.Update, "content")
+		return updateRewrite(n.Update).rewrite(line)
 	}
 	n.Update["content"] = w.setContent(content, terms)
 	return updateRewrite(n.Update).rewrite(line)

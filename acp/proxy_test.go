@@ -100,6 +100,12 @@ func startProxy(t *testing.T) *proxyPeers {
 // startProxyWith is startProxy with the sessions of m.
 func startProxyWith(t *testing.T, m *sandbox.Manager) *proxyPeers {
 	t.Helper()
+	return startProxyIn(t, m, "/")
+}
+
+// startProxyIn is startProxyWith for a wrap started in workspace.
+func startProxyIn(t *testing.T, m *sandbox.Manager, workspace string) *proxyPeers {
+	t.Helper()
 	edInR, edInW := io.Pipe()
 	edOutR, edOutW := io.Pipe()
 	agInR, agInW := io.Pipe()
@@ -110,7 +116,7 @@ func startProxyWith(t *testing.T, m *sandbox.Manager) *proxyPeers {
 		logs: &syncBuffer{}, ended: make(chan error, 1),
 	}
 	log := slog.New(slog.NewTextHandler(pp.logs, nil))
-	p := NewProxy(NewTerminals(m, "test", "/", sandbox.SessionSpec{}), pipeConn{edInR, edOutW}, pipeConn{agOutR, agInW}, log)
+	p := NewProxy(NewTerminals(m, "test", workspace, sandbox.SessionSpec{}), pipeConn{edInR, edOutW}, pipeConn{agOutR, agInW}, log)
 	// Over-long messages without pushing 64 MiB through a pipe.
 	p.editor.max, p.agent.max = testMaxMessage, testMaxMessage
 	ctx, cancel := context.WithCancel(context.Background())
@@ -373,16 +379,28 @@ func TestWrapAgentTerminalNamedBeforeItIsShown(t *testing.T) {
 
 func TestWrapReadRaw(t *testing.T) {
 	long := `{"x":"` + strings.Repeat("é", 70<<10) + `"}`
-	in := "one\n\n  \r\ntwo\r\n" + long + "\nlast"
-	s := NewLineStream(pipeConn{Reader: strings.NewReader(in)}, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	for _, want := range []string{"one\n", "two\r\n", long + "\n", "last\n"} {
-		got, err := s.readRaw()
-		if err != nil || string(got) != want {
-			t.Fatalf("readRaw = %.40q, %v; want %.40q", got, err, want)
-		}
+	tests := []struct {
+		name, in string
+		want     []string
+	}{
+		{"lines", "one\n\n  \r\ntwo\r\n" + long + "\n", []string{"one\n", "two\r\n", long + "\n"}},
+		{"last line without newline", "one\n{\"id\":1}", []string{"one\n", "{\"id\":1}\n"}},
+		// The peer ended in the middle of a message: half of it must
+		// not reach the other side.
+		{"cut last line", "one\n{\"id\":1,\"method\":\"x", []string{"one\n"}},
+		{"cut long last line", long[:len(long)-2], nil},
 	}
-	if _, err := s.readRaw(); err != io.EOF {
-		t.Errorf("at the end: %v, want EOF", err)
+	for _, tc := range tests {
+		s := NewLineStream(pipeConn{Reader: strings.NewReader(tc.in)}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		for _, want := range tc.want {
+			got, err := s.readRaw()
+			if err != nil || string(got) != want {
+				t.Fatalf("%s: readRaw = %.40q, %v; want %.40q", tc.name, got, err, want)
+			}
+		}
+		if got, err := s.readRaw(); err != io.EOF {
+			t.Errorf("%s: at the end: %.40q, %v, want EOF", tc.name, got, err)
+		}
 	}
 }
 
@@ -905,5 +923,102 @@ func TestWrapProxyShowsALateTerminalAsTextToZed(t *testing.T) {
 	close(e.output)
 	if got := recv(t, pp.editor); !strings.Contains(got, `[exit code 0]`) {
 		t.Errorf("editor got %q, want the output with the exit code", got)
+	}
+}
+
+// TestWrapProxyUpdateRepeatingItsTerminalsKeepsTheContent: a status
+// change that names the same terminals again does not send their whole
+// output once more; the editor keeps what the refreshes gave it.
+func TestWrapProxyUpdateRepeatingItsTerminalsKeepsTheContent(t *testing.T) {
+	e := newFakeEngine(t)
+	pp := startProxyWith(t, e.m)
+	pp.newSession(t, "s")
+	id := pp.createTerminal(t, ``)
+	content := `[{"type":"terminal","terminalId":"` + id + `"}]`
+	update := func(kind, more string) string {
+		line := `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"` + kind + `","toolCallId":"c"` + more + `}}}` + "\n"
+		send(t, pp.toProxyFromAgent, line)
+		return recv(t, pp.editor)
+	}
+	if got := update("tool_call", `,"title":"make","content":`+content); !strings.Contains(got, `"content":[{`) {
+		t.Fatalf("tool call reached the editor as %q, want its content as text", got)
+	}
+	tests := []struct {
+		name, kind, more string
+		wantContent      bool
+	}{
+		{"same terminals", "tool_call_update", `,"status":"in_progress","content":` + content, false},
+		{"other content", "tool_call_update", `,"content":[{"type":"content","content":{"type":"text","text":"note"}},` + content[1:], true},
+		{"a tool call replaces all", "tool_call", `,"title":"make","content":[{"type":"content","content":{"type":"text","text":"note"}},` + content[1:], true},
+	}
+	for _, tc := range tests {
+		got := update(tc.kind, tc.more)
+		if has := strings.Contains(got, `"content":[`); has != tc.wantContent {
+			t.Errorf("%s: editor got %q, want content: %v", tc.name, got, tc.wantContent)
+		}
+		if tc.kind == "tool_call_update" && !tc.wantContent && !strings.Contains(got, `"status":"in_progress"`) {
+			t.Errorf("%s: editor got %q, want the status change", tc.name, got)
+		}
+	}
+}
+
+// TestWrapProxySessionUsedBeforeItsAnswer: a session the agent runs a
+// command in before it answers session/new was opened on the wrap's
+// workspace; the answer gives it the directories the editor named.
+func TestWrapProxySessionUsedBeforeItsAnswer(t *testing.T) {
+	e := newFakeEngine(t)
+	ws := t.TempDir()
+	pp := startProxyIn(t, e.m, ws)
+	dir := t.TempDir()
+	send(t, pp.toProxyFromEditor, `{"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"`+dir+`","mcpServers":[]}}`+"\n")
+	recv(t, pp.agent)
+	pp.createTerminal(t, ``)
+	send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","id":1,"result":{"sessionId":"s"}}`+"\n")
+	recv(t, pp.editor)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := pp.p.terms.Session(ctx, "s")
+	if err != nil || s.Workspace() != dir {
+		t.Fatalf("session s after the answer: %v, %v; want workspace %s", s, err, dir)
+	}
+}
+
+// TestWrapProxyClosedSessionStaysClosed: a command naming a session the
+// editor closed opens no container again, until the editor loads it.
+func TestWrapProxyClosedSessionStaysClosed(t *testing.T) {
+	e := newFakeEngine(t)
+	pp := startProxyWith(t, e.m)
+	pp.newSession(t, "s")
+	send(t, pp.toProxyFromEditor, `{"jsonrpc":"2.0","id":3,"method":"session/close","params":{"sessionId":"s"}}`+"\n")
+	recv(t, pp.agent)
+	send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","id":3,"result":{}}`+"\n")
+	recv(t, pp.editor)
+	send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","id":4,"method":"terminal/create","params":{"sessionId":"s","command":"make"}}`+"\n")
+	if got := recv(t, pp.agent); !strings.Contains(got, `"code":-32002`) || !strings.Contains(got, "closed") {
+		t.Errorf("terminal/create in a closed session answered %q, want -32002 saying it was closed", got)
+	}
+	send(t, pp.toProxyFromEditor, `{"jsonrpc":"2.0","id":5,"method":"session/load","params":{"sessionId":"s","cwd":"`+t.TempDir()+`","mcpServers":[]}}`+"\n")
+	recv(t, pp.agent)
+	send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","id":5,"result":{}}`+"\n")
+	recv(t, pp.editor)
+	pp.createTerminal(t, ``)
+}
+
+// TestWrapProxyCancelUnderAnIDInFlight: a $/cancel_request sent under the
+// id of the request it cancels gets an error, and that request goes on
+// to its one answer.
+func TestWrapProxyCancelUnderAnIDInFlight(t *testing.T) {
+	e := newFakeEngine(t)
+	pp := startProxyWith(t, e.m)
+	pp.newSession(t, "s")
+	id := pp.createTerminal(t, ``)
+	send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","id":9,"method":"terminal/wait_for_exit","params":{"sessionId":"s","terminalId":"`+id+`"}}`+"\n")
+	send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","id":9,"method":"$/cancel_request","params":{"requestId":9}}`+"\n")
+	if got := recv(t, pp.agent); !strings.Contains(got, `"id":9`) || !strings.Contains(got, "already in use") {
+		t.Errorf("the cancellation got %q, want an error for its id", got)
+	}
+	close(e.output)
+	if got := recv(t, pp.agent); !strings.Contains(got, `"id":9`) || !strings.Contains(got, `"exitCode":0`) {
+		t.Errorf("the wait got %q, want its exit status", got)
 	}
 }

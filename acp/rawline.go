@@ -3,6 +3,7 @@ package acp
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
 )
@@ -10,7 +11,8 @@ import (
 // readRaw returns the next line that is not blank, newline included, for a
 // relay that forwards most lines untouched. A line that fits the read
 // buffer is returned in place, without a copy: it is valid only until the
-// next read. A last line without a newline gets one. A line longer than
+// next read. A last line without a newline gets one, unless it is no
+// whole JSON value (the peer stopped in the middle). A line longer than
 // the stream's bound is skipped and reported as errTooLong.
 func (s *LineStream) readRaw() ([]byte, error) {
 	for {
@@ -26,6 +28,11 @@ func (s *LineStream) readRaw() ([]byte, error) {
 		}
 		if len(bytes.TrimSpace(line)) > 0 {
 			if line[len(line)-1] != '\n' {
+				if !json.Valid(line) {
+					// Cut off by the peer's end: half a message
+					// would reach the other side as one.
+					return nil, io.EOF
+				}
 				line = append(line[:len(line):len(line)], '\n')
 			}
 			return line, nil

@@ -91,32 +91,51 @@ func Wrap(ctx context.Context, terms *Terminals, editor io.ReadWriteCloser, agen
 	defer stopProxy()
 	ended := make(chan error, 1)
 	go func() { ended <- p.Run(pctx) }()
+	var hangup <-chan struct{}
+	if h, ok := editor.(interface{ Hangup() <-chan struct{} }); ok {
+		hangup = h.Hangup()
+	}
 	var why error
 	relayed := false // Run has returned
-	select {
-	case why = <-ended:
-		relayed = true
-	case <-exited:
+	agentExited, drain := exited, (<-chan time.Time)(nil)
+	for why == nil {
 		select {
 		case why = <-ended:
 			relayed = true
-		case <-time.After(drainTimeout):
-			why = ErrAgentClosed
+			if why == nil {
+				why = ErrEditorClosed
+			}
+		case <-agentExited:
+			// What it wrote last may still be in the pipe.
+			agentExited, drain = nil, time.After(drainTimeout)
+		case <-hangup:
+			// The relay reads what the editor left and ends; unless it
+			// cannot, for it waits to write to an agent that reads
+			// nothing, when the editor is gone all the same.
+			hangup = nil
+			if drain == nil {
+				drain = time.After(drainTimeout)
+			}
+		case <-drain:
+			why = ErrEditorClosed
+			if agentExited == nil {
+				why = ErrAgentClosed
+			}
 		}
 	}
 	agentIn.Close()
-	if errors.Is(why, ErrAgentClosed) {
+	if errors.Is(why, ErrAgentClosed) && !waitExit(exited, agent.Grace) {
 		// It closed its stdout; it may still be exiting.
-		if !waitExit(exited, agent.Grace) {
-			log.Warn("agent closed its output but did not exit; stopping it")
-			stopAgent(pid, exited, agent.Grace)
-		}
-	} else {
+		log.Warn("agent closed its output but did not exit; stopping it")
+	} else if !errors.Is(why, ErrAgentClosed) {
 		// The editor is gone, or sandboxd was told to stop: so is the
 		// agent.
 		log.Info("stopping the agent", "why", why)
-		stopAgent(pid, exited, agent.Grace)
 	}
+	// Also when the agent exited by itself: what it started in its
+	// group (a launcher's real agent, its tool servers) must not stay
+	// on the host, unsandboxed, once sandboxd is gone.
+	stopAgent(pid, exited, agent.Grace)
 	stopProxy()
 	if !relayed {
 		// Run ends within stopTimeout of its cancellation; should it not,
@@ -154,13 +173,36 @@ func waitExit(exited <-chan struct{}, d time.Duration) bool {
 	}
 }
 
-// stopAgent sends the agent's process group SIGTERM, then SIGKILL after
-// grace, and waits for the agent to exit.
+// stopAgent sends the agent's process group SIGTERM, waits for the agent
+// to exit and for the rest of the group to go, and sends SIGKILL to what
+// is left after grace.
 func stopAgent(pid int, exited <-chan struct{}, grace time.Duration) {
-	syscall.Kill(-pid, syscall.SIGTERM)
-	if !waitExit(exited, grace) {
-		syscall.Kill(-pid, syscall.SIGKILL)
-		<-exited
+	deadline := time.Now().Add(grace)
+	if syscall.Kill(-pid, syscall.SIGTERM) != nil {
+		<-exited // nothing of the group is left, the agent neither
+		return
+	}
+	if waitExit(exited, grace) && waitGroupGone(pid, deadline) {
+		return
+	}
+	syscall.Kill(-pid, syscall.SIGKILL)
+	<-exited
+}
+
+// waitGroupGone polls until process group pgid has no member left, or
+// deadline passes; it reports whether the group is gone. There is no
+// event for the end of processes that are not one's children.
+func waitGroupGone(pgid int, deadline time.Time) bool {
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if errors.Is(syscall.Kill(-pgid, 0), syscall.ESRCH) {
+			return true
+		}
+		if !time.Now().Before(deadline) {
+			return false
+		}
+		<-tick.C
 	}
 }
 

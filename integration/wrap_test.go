@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -882,49 +883,129 @@ func TestWrapRefusesToStart(t *testing.T) {
 }
 
 func TestWrapKillsAnAgentThatIgnoresSIGTERM(t *testing.T) {
-	ws := workspace(t)
 	// A launcher that ignores SIGTERM and the end of its input, with a
 	// child of its own, as wrapper scripts have.
-	cmd := exec.Command(testEnv.bin, "wrap", "--config", testEnv.config, "--agent-grace", "500ms", "--",
-		"/bin/sh", "-c", `trap "" TERM; sleep 300 & echo "{\"pid\":$!}"; while :; do sleep 1; done`)
-	cmd.Dir = ws
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
+	var child struct{ Pid int }
+	w := startScriptWrap(t, "500ms", `trap "" TERM; sleep 300 & echo "{\"pid\":$!}"; while :; do sleep 1; done`, &child)
+	t0 := time.Now()
+	w.stdin.Close()
+	if code := w.wait(t, 30*time.Second); code != 0 {
+		t.Errorf("wrap exit code = %d, want 0\n%s", code, w.logs.String())
+	}
+	if d := time.Since(t0); d < 500*time.Millisecond {
+		t.Errorf("wrap exited after %v, before the grace period", d)
+	}
+	eventually(t, "the agent's child killed with it", 10*time.Second, func() bool { return processGone(child.Pid) })
+	assertNoContainers(t, w.cmd.Process.Pid)
+}
+
+// TestWrapEndsWhatTheAgentLeft: an agent that exits leaves nothing of its
+// process group running on the host (a launcher's tool servers, say).
+func TestWrapEndsWhatTheAgentLeft(t *testing.T) {
+	var child struct{ Pid int }
+	w := startScriptWrap(t, "2s", `sleep 302 </dev/null >/dev/null 2>&1 & echo "{\"pid\":$!}"; exit 3`, &child)
+	if code := w.wait(t, 60*time.Second); code != 3 {
+		t.Errorf("wrap exit code = %d, want the agent's 3\n%s", code, w.logs.String())
+	}
+	eventually(t, "the agent's child ended", 10*time.Second, func() bool { return processGone(child.Pid) })
+}
+
+// TestWrapSeesTheEditorGoWhileTheAgentReadsNothing: an editor that closes
+// its end while the wrap waits to hand a message to an agent that reads
+// nothing ends the wrap all the same.
+func TestWrapSeesTheEditorGoWhileTheAgentReadsNothing(t *testing.T) {
+	var ready struct{ Ready int }
+	w := startScriptWrap(t, "1s", `echo '{"ready":1}'; exec sleep 303`, &ready)
+	// More than a pipe holds, so that the wrap is left waiting to
+	// write it to the agent.
+	prompt := `{"jsonrpc":"2.0","id":1,"method":"session/prompt","params":{"sessionId":"s","prompt":[{"type":"text","text":"` + strings.Repeat("x", 300<<10) + `"}]}}` + "\n"
+	if _, err := io.WriteString(w.stdin, prompt); err != nil {
+		t.Fatal(err)
+	}
+	w.stdin.Close()
+	if code := w.wait(t, 30*time.Second); code != 0 {
+		t.Errorf("wrap exit code after the editor went = %d, want 0\n%s", code, w.logs.String())
+	}
+	assertNoContainers(t, w.cmd.Process.Pid)
+}
+
+// scriptWrap is `sandboxd wrap` in a new workspace around an agent that is
+// a shell script, with the editor's end as plain pipes.
+type scriptWrap struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser // the editor's end
+	logs  *lockedBuffer
+	done  chan struct{} // closed once wrap exited
+}
+
+// startScriptWrap starts wrap around `sh -c script` and decodes the
+// agent's first line, a JSON object, into first.
+func startScriptWrap(t *testing.T, grace, script string, first any) *scriptWrap {
+	t.Helper()
+	cmd := exec.Command(testEnv.bin, "wrap", "--config", testEnv.config, "--agent-grace", grace, "--", "/bin/sh", "-c", script)
+	cmd.Dir = workspace(t)
+	w := &scriptWrap{cmd: cmd, logs: &lockedBuffer{}, done: make(chan struct{})}
+	var err error
+	if w.stdin, err = cmd.StdinPipe(); err != nil {
 		t.Fatal(err)
 	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &lockedBuffer{}
-	cmd.Stderr = logs
+	cmd.Stderr = w.logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	var child struct{ Pid int }
-	if err := json.NewDecoder(stdout).Decode(&child); err != nil || child.Pid == 0 {
+	go func() {
+		cmd.Wait()
+		close(w.done)
+	}()
+	t.Cleanup(func() {
+		w.stdin.Close()
 		cmd.Process.Kill()
-		t.Fatalf("the agent's first line: %v", err)
-	}
-	t0 := time.Now()
-	stdin.Close()
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("wrap: %v\n%s", err, logs.String())
-		}
-	case <-time.After(30 * time.Second):
-		cmd.Process.Kill()
-		t.Fatalf("wrap did not stop the agent:\n%s", logs.String())
-	}
-	if d := time.Since(t0); d < 500*time.Millisecond {
-		t.Errorf("wrap exited after %v, before the grace period", d)
-	}
-	eventually(t, "the agent's child killed with it", 10*time.Second, func() bool {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", child.Pid))
-		return err != nil || strings.Contains(string(b), ") Z ") // gone, or a zombie not reaped yet
+		<-w.done
 	})
-	assertNoContainers(t, cmd.Process.Pid)
+	if err := json.NewDecoder(stdout).Decode(first); err != nil {
+		t.Fatalf("the agent's first line: %v\n%s", err, w.logs.String())
+	}
+	return w
+}
+
+// wait waits for wrap to exit, within d, and returns its exit code.
+func (w *scriptWrap) wait(t *testing.T, d time.Duration) int {
+	t.Helper()
+	select {
+	case <-w.done:
+	case <-time.After(d):
+		t.Fatalf("wrap did not exit within %v:\n%s", d, w.logs.String())
+	}
+	return w.cmd.ProcessState.ExitCode()
+}
+
+// processGone reports whether process pid has ended (a zombie not yet
+// reaped counts).
+func processGone(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	return err != nil || strings.Contains(string(b), ") Z ")
+}
+
+// TestWrapStoppedBySignal: a wrap told to stop by a signal stops the
+// agent, removes its containers and says so in its exit code.
+func TestWrapStoppedBySignal(t *testing.T) {
+	ws := workspace(t)
+	w := startWrap(t, ws, acpsdk.ClientCapabilities{})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	w.containerOf(t, ctx, w.newSession(t, ctx, ws))
+	w.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-w.done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("wrap did not exit on SIGTERM")
+	}
+	if code := w.cmd.ProcessState.ExitCode(); code != 128+int(syscall.SIGTERM) {
+		t.Errorf("wrap exit code after SIGTERM = %d, want %d", code, 128+int(syscall.SIGTERM))
+	}
+	assertNoContainers(t, w.cmd.Process.Pid)
 }

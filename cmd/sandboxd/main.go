@@ -115,7 +115,13 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 			code = 1
 		}
 	}
-	if c, ok := context.Cause(ctx).(signalCause); ok && c.sig == syscall.SIGINT {
+	c, signalled := context.Cause(ctx).(signalCause)
+	if signalled && args[0] == "wrap" && code == 0 {
+		// The agent was stopped for the signal, not because the
+		// conversation ended.
+		code = 128 + int(c.sig.(syscall.Signal))
+	}
+	if signalled && c.sig == syscall.SIGINT {
 		// Cleaned up: now die of the SIGINT, so that a shell running
 		// sandboxd in a loop or a script stops too (it goes on after a
 		// child that merely exited).
@@ -357,7 +363,9 @@ func cmdServe(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	defer cancel()
 	if *listen == "stdio" {
 		log.Info("serving ACP on stdio")
-		return acp.Serve(ctx, stdio{stdin, stdout}, terms, log)
+		peer := acp.NewStdio(stdin, stdout)
+		defer peer.Close()
+		return acp.Serve(ctx, peer, terms, log)
 	}
 	path := strings.TrimPrefix(*listen, "unix:")
 	ln, err := acp.ListenUnix(path)
@@ -379,14 +387,6 @@ func defaultWorkspace(cfg sandbox.Config) (string, error) {
 	}
 	return wd, nil
 }
-
-// stdio joins stdin and stdout into one connection.
-type stdio struct {
-	io.Reader
-	io.Writer
-}
-
-func (stdio) Close() error { return nil }
 
 func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) (int, error) {
 	fs := newFlagSet("run", "run [flags] -- CMD [ARGS...]",

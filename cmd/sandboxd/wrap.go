@@ -88,7 +88,9 @@ func cmdWrap(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	}
 	defer waitAHP()
 	defer cancel()
-	return acp.Wrap(ctx, terms, stdio{stdin, stdout}, agent, log)
+	editor := acp.NewStdio(stdin, stdout)
+	defer editor.Close()
+	return acp.Wrap(ctx, terms, editor, agent, log)
 }
 
 // sessionFlags override the configured image, network and limits of every
