@@ -920,7 +920,7 @@ func (p *Proxy) rewriteUpdate(line []byte, params json.RawMessage) []byte {
 	if w == nil {
 		w = &watch{p: p, sessionID: n.SessionID, toolCallID: callID, wake: make(chan struct{}, 1)}
 		startWatch(p, p.textWatches, key, w)
-	} else if kind == "tool_call_update" && slices.EqualFunc(content, w.content, func(a, b json.RawMessage) bool { return bytes.Equal(a, b) }) {
+	} else if kind == "tool_call_update" && slices.EqualFunc(content, w.content, func(a, b json.RawMessage) bool { return bytes.Equal(a, b) }) && !w.due() {
 		// The same terminals again (a status change that repeats the
 		// content): the editor keeps what it shows, which the watch
 		// refreshes, rather than get all their output once more with
@@ -1141,6 +1141,26 @@ func (w *watch) setContent(content []json.RawMessage, terms []*sandbox.Terminal)
 	default:
 	}
 	return w.shown
+}
+
+// due reports whether the editor should get a text watch's content now:
+// it changed, and a refresh is due or the last one is (a terminal ended,
+// which the person watching is to see with the agent's update, not after
+// it). p.updates is held.
+func (w *watch) due() bool {
+	shown, err := marshal(w.render())
+	if err != nil || bytes.Equal(shown, w.shown) {
+		return false
+	}
+	if time.Since(w.shownAt) >= refreshInterval {
+		return true
+	}
+	for _, t := range w.terms {
+		if t.Exited() {
+			return true
+		}
+	}
+	return false
 }
 
 func (w *watch) terminals() []*sandbox.Terminal {

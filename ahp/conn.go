@@ -1,8 +1,10 @@
 package ahp
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -153,7 +155,7 @@ func (c *conn) drain(ctx context.Context) {
 		}
 		c.qmu.Unlock()
 		for i, o := range batch {
-			if err := c.ws.Write(ctx, websocket.MessageText, o.msg); err != nil {
+			if err := c.writeMessage(ctx, o.msg); err != nil {
 				c.close()
 				return
 			}
@@ -169,6 +171,24 @@ func (c *conn) drain(ctx context.Context) {
 			batch[i] = outgoing{}
 		}
 	}
+}
+
+// writeMessage writes one message, within the server's write timeout: a
+// client that stays connected but stops reading would otherwise hold the
+// writer, and what is queued behind it, for ever. The connection is cut
+// off when it expires.
+func (c *conn) writeMessage(ctx context.Context, msg []byte) error {
+	wctx, cancel := context.WithTimeout(ctx, c.s.cfg.WriteTimeout)
+	defer cancel()
+	err := c.ws.Write(wctx, websocket.MessageText, msg)
+	if err != nil && ctx.Err() == nil && errors.Is(wctx.Err(), context.DeadlineExceeded) {
+		c.mu.Lock()
+		id := c.clientID
+		c.mu.Unlock()
+		c.s.log.Warn("ahp client not reading; disconnecting", "client", id, "timeout", c.s.cfg.WriteTimeout, "bytes", len(msg))
+		c.abort()
+	}
+	return err
 }
 
 // await holds the reader while the answers waiting for the client exceed
@@ -273,6 +293,28 @@ func (c *conn) reply(id json.RawMessage, result any, rerr *rpcError) {
 	c.sendReply(b)
 }
 
+// validID reports whether id is one JSON-RPC allows: a string, a number or
+// null.
+func validID(id json.RawMessage) bool {
+	if len(id) == 0 {
+		return false
+	}
+	switch b := id[0]; {
+	case b == '"', b == '-', '0' <= b && b <= '9':
+		return true
+	}
+	return string(id) == "null"
+}
+
+// requestID returns id to echo in an answer, or nil (null) when it is not a
+// valid one: an object or array is not to be echoed as if it were.
+func requestID(id json.RawMessage) json.RawMessage {
+	if !validID(id) {
+		return nil
+	}
+	return id
+}
+
 func invalid(format string, args ...any) *rpcError {
 	return &rpcError{Code: codeInvalidParams, Message: fmt.Sprintf(format, args...)}
 }
@@ -283,8 +325,26 @@ func (c *conn) handle(ctx context.Context, data []byte) {
 		Method string          `json:"method"`
 		Params json.RawMessage `json:"params"`
 	}
-	if err := json.Unmarshal(data, &m); err != nil {
+	err := json.Unmarshal(data, &m)
+	var serr *json.SyntaxError
+	if errors.As(err, &serr) {
 		c.reply(nil, nil, &rpcError{Code: codeParse, Message: "parse error: " + err.Error()})
+		return
+	}
+	// JSON, but perhaps not a request: that is answered InvalidRequest,
+	// with the id when one can be read.
+	var why string
+	switch {
+	case !bytes.HasPrefix(bytes.TrimLeft(data, " \t\r\n"), []byte("{")):
+		why = "the message is not a request object"
+	case err != nil:
+		// An object: only a member can be of the wrong type.
+		why = "method must be a string"
+	case len(m.ID) > 0 && !validID(m.ID):
+		why = "id must be a string, a number or null"
+	}
+	if why != "" {
+		c.reply(requestID(m.ID), nil, &rpcError{Code: codeInvalidRequest, Message: "invalid request: " + why})
 		return
 	}
 	isRequest := len(m.ID) > 0 && string(m.ID) != "null"
@@ -359,6 +419,10 @@ func (c *conn) initializeLocked(params json.RawMessage) (any, *rpcError) {
 	if p.ClientID == "" {
 		return nil, invalid("initialize: clientId is required")
 	}
+	if len(p.ClientID) > maxURI {
+		// It is copied into the origin of every action the client sends.
+		return nil, invalid("initialize: clientId longer than %d bytes", maxURI)
+	}
 	version := ""
 	for _, v := range p.ProtocolVersions {
 		if supported(v) {
@@ -424,6 +488,9 @@ func (c *conn) reconnectLocked(params json.RawMessage) (any, *rpcError) {
 	if err := json.Unmarshal(params, &p); err != nil || p.ClientID == "" {
 		return nil, invalid("reconnect: clientId, lastSeenServerSeq and subscriptions are required")
 	}
+	if len(p.ClientID) > maxURI {
+		return nil, invalid("reconnect: clientId longer than %d bytes", maxURI)
+	}
 	s := c.s
 	c.mu.Lock()
 	c.clientID = p.ClientID
@@ -442,12 +509,17 @@ func (c *conn) reconnectLocked(params json.RawMessage) (any, *rpcError) {
 	if len(s.replay) > 0 {
 		oldest = s.replay[0].ServerSeq
 	}
-	// A terminal made since the client last heard (one disposed and made
-	// again under its URI) has no actions the client could apply to what
-	// it holds: snapshots then.
+	// A replay is right only for a subscription that has had every action
+	// of its terminal since its snapshot. The client may list instead a
+	// subscription to another terminal, disposed, whose URI a new one has
+	// taken: dispose ends the subscriptions to it without telling their
+	// clients, and nothing in reconnect tells such a subscription from
+	// one to the new terminal. So a terminal made after all the client
+	// heard (which it cannot have subscribed to), or under a URI that had
+	// one disposed before it, gets snapshots.
 	fresh := false
 	for ch := range live {
-		if t, ok := s.terms[ch]; ok && t.since >= p.LastSeenServerSeq {
+		if t, ok := s.terms[ch]; ok && (t.since >= p.LastSeenServerSeq || s.disposedLocked(ch)) {
 			fresh = true
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"net"
 	"net/http"
@@ -66,6 +67,10 @@ type Config struct {
 	// count against it, but while more than Backlog of them wait, its
 	// next request is not read.
 	Backlog int
+	// WriteTimeout bounds the writing of one message to a client (30 s by
+	// default); a client that stays connected but reads too little to
+	// take one in time is disconnected.
+	WriteTimeout time.Duration
 	// Workspace is the default working directory of new terminals.
 	Workspace string
 	Sessions  SessionFor
@@ -83,9 +88,21 @@ type Server struct {
 	terms  map[string]*terminal
 	conns  map[*conn]struct{}
 	replay []Envelope
-	// replayBytes is what the actions in replay hold (Action.size).
+	// replayBytes is what the actions in replay hold (Envelope.size).
 	replayBytes int
-	wg          sync.WaitGroup
+	// disposed has a bit set, by a hash of its URI, for each terminal
+	// disposed: see reconnectLocked. Bits, not URIs, so that a client
+	// making and disposing terminals without end grows nothing; a URI
+	// that shares a bit with a disposed one costs a needless snapshot,
+	// never a wrong replay.
+	disposed [1024]uint64
+	seed     maphash.Seed
+	// closing is set once Close has begun: no terminal is made after.
+	closing bool
+	// wg counts the terminals being made, and the goroutines of those
+	// made. It is added to under mu, before closing is set or while the
+	// terminal's own count is held: never from zero while Close waits.
+	wg sync.WaitGroup
 	// strangers counts connections without a valid token still being
 	// told so; past maxStrangers more are closed at once.
 	strangers atomic.Int32
@@ -119,14 +136,18 @@ func (e Envelope) MarshalJSON() ([]byte, error) {
 	}{plain(e), e.RawAction})
 }
 
-// size is what the replay counts an envelope's action as. A rejection
-// counts its channel too: it may name none that exists, in as many bytes
-// as a message holds.
+// size is what the replay counts an envelope as: its action, and the
+// client's id and the reason it carries. A rejection counts its channel
+// too: it may name none that exists, in as many bytes as a message holds.
 func (e Envelope) size() int {
+	n := e.Action.size()
 	if e.RawAction != nil {
-		return 64 + len(e.RawAction) + len(e.Channel)
+		n = 64 + len(e.RawAction) + len(e.Channel)
 	}
-	return e.Action.size()
+	if e.Origin != nil {
+		n += len(e.Origin.ClientID)
+	}
+	return n + len(e.RejectionReason)
 }
 
 // Origin names the client that dispatched an action.
@@ -149,6 +170,9 @@ func NewServer(ctx context.Context, cfg Config, log *slog.Logger) *Server {
 	if cfg.Backlog <= 0 {
 		cfg.Backlog = 16 << 20
 	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = 30 * time.Second
+	}
 	return &Server{
 		// Numbered from the time it starts, so that a client of an
 		// earlier run that reconnects is given snapshots, never a replay
@@ -160,6 +184,7 @@ func NewServer(ctx context.Context, cfg Config, log *slog.Logger) *Server {
 		root:  RootState{Agents: json.RawMessage("[]")},
 		terms: make(map[string]*terminal),
 		conns: make(map[*conn]struct{}),
+		seed:  maphash.MakeSeed(),
 	}
 }
 
@@ -252,9 +277,11 @@ func (s *Server) Listen(ctx context.Context, addr string, ready func(net.Addr) e
 	return err
 }
 
-// Close disposes every terminal.
+// Close disposes every terminal, also those being made, and refuses to
+// make more.
 func (s *Server) Close() {
 	s.mu.Lock()
+	s.closing = true
 	terms := make([]*terminal, 0, len(s.terms))
 	for _, t := range s.terms {
 		terms = append(terms, t)
@@ -312,7 +339,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 			json.Unmarshal(data, &m)
 			if len(m.ID) > 0 {
-				b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": m.ID, "error": map[string]any{"code": codeAuthRequired, "message": "authentication required: present the token sandboxd wrote at start", "data": map[string]any{"resources": []any{}}}})
+				b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": requestID(m.ID), "error": map[string]any{"code": codeAuthRequired, "message": "authentication required: present the token sandboxd wrote at start", "data": map[string]any{"resources": []any{}}}})
 				ws.Write(ctx, websocket.MessageText, b)
 			}
 		}
@@ -400,6 +427,33 @@ func (s *Server) publishLocked(env Envelope, also *conn) {
 			also.send(notification("action", env)) // a connection not (yet) listed
 		}
 	}
+}
+
+// disposedBit returns where in s.disposed the bit of uri is.
+func (s *Server) disposedBit(uri string) (word int, bit uint64) {
+	h := maphash.String(s.seed, uri) % uint64(64*len(s.disposed))
+	return int(h / 64), 1 << (h % 64)
+}
+
+// disposedLocked reports whether a terminal under uri may have been
+// disposed. s.mu must be held.
+func (s *Server) disposedLocked(uri string) bool {
+	w, b := s.disposedBit(uri)
+	return s.disposed[w]&b != 0
+}
+
+// removeLocked takes a terminal out of the list and ends the subscriptions
+// to it. s.mu must be held.
+func (s *Server) removeLocked(t *terminal) {
+	delete(s.terms, t.uri)
+	for c := range s.conns {
+		c.mu.Lock()
+		delete(c.subs, t.uri)
+		c.mu.Unlock()
+	}
+	w, b := s.disposedBit(t.uri)
+	s.disposed[w] |= b
+	s.terminalsChangedLocked()
 }
 
 // terminalsChanged publishes the terminal catalogue. s.mu must be held.

@@ -332,26 +332,47 @@ func TestSnapshotBiggerThanTheBacklog(t *testing.T) {
 }
 
 // TestReconnectToARemadeTerminal: a terminal disposed and made again under
-// its URI while a client was away has actions the client cannot apply to
-// the old one it knew: it gets snapshots, not a replay.
+// its URI has actions a client subscribed to the old one cannot apply to
+// what it holds, whether it was away when the new one was made or heard of
+// it (its subscription ended without a word): it gets snapshots, not a
+// replay. A terminal under a URI never used before is replayed.
 func TestReconnectToARemadeTerminal(t *testing.T) {
-	s := testServer(Config{ReplayActions: 100})
-	s.emit("ahp-terminal:/t", Action{Type: "terminal/data", Data: "old"}, nil)
-	lastSeen := s.seq
-	s.mu.Lock()
-	s.terms["ahp-terminal:/t"] = &terminal{uri: "ahp-terminal:/t", s: s, t: &sandbox.Terminal{}, since: s.seq, state: TerminalState{Content: []ContentPart{}}}
-	s.mu.Unlock()
-	s.emit("ahp-terminal:/t", Action{Type: "terminal/data", Data: "new"}, nil)
-	c := &conn{s: s, subs: make(map[string]bool)}
-	params, _ := json.Marshal(map[string]any{"clientId": "c", "lastSeenServerSeq": lastSeen, "subscriptions": []string{"ahp-terminal:/t"}})
-	s.mu.Lock()
-	res, rerr := c.reconnectLocked(params)
-	s.mu.Unlock()
-	if rerr != nil {
-		t.Fatal(rerr)
-	}
-	if typ := res.(map[string]any)["type"]; typ != "snapshot" {
-		t.Errorf("reconnect to a remade terminal: %v, want snapshot", typ)
+	for _, tc := range []struct {
+		name string
+		uri  string // of the new terminal
+		// heard says the client last heard after the new one was made.
+		heard bool
+		want  string
+	}{
+		{name: "away while it was made", uri: "ahp-terminal:/t", want: "snapshot"},
+		{name: "heard it made", uri: "ahp-terminal:/t", heard: true, want: "snapshot"},
+		{name: "a new URI", uri: "ahp-terminal:/n", heard: true, want: "replay"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := testServer(Config{ReplayActions: 100})
+			s.emit("ahp-terminal:/t", Action{Type: "terminal/data", Data: "old"}, nil)
+			lastSeen := s.seq
+			s.mu.Lock()
+			s.removeLocked(s.terms["ahp-terminal:/t"])
+			s.terms[tc.uri] = &terminal{uri: tc.uri, s: s, t: &sandbox.Terminal{}, since: s.seq, state: TerminalState{Content: []ContentPart{}}}
+			s.mu.Unlock()
+			s.emit(tc.uri, Action{Type: "terminal/data", Data: "new"}, nil)
+			if tc.heard {
+				lastSeen = s.seq
+			}
+			s.emit(tc.uri, Action{Type: "terminal/data", Data: "newer"}, nil)
+			c := &conn{s: s, subs: make(map[string]bool)}
+			params, _ := json.Marshal(map[string]any{"clientId": "c", "lastSeenServerSeq": lastSeen, "subscriptions": []string{tc.uri}})
+			s.mu.Lock()
+			res, rerr := c.reconnectLocked(params)
+			s.mu.Unlock()
+			if rerr != nil {
+				t.Fatal(rerr)
+			}
+			if typ := res.(map[string]any)["type"]; typ != tc.want {
+				t.Errorf("reconnect: %v, want %s", typ, tc.want)
+			}
+		})
 	}
 }
 
@@ -1166,5 +1187,43 @@ func TestRejectionsCountTheirChannel(t *testing.T) {
 	}
 	if held > replayBytes {
 		t.Errorf("replay holds %d bytes of channels, want at most %d", held, replayBytes)
+	}
+}
+
+// TestReplayCountsOrigins: the client's id an envelope carries counts
+// against the replay's bytes, so that a client with a long one does not
+// multiply what a reconnect is answered with.
+func TestReplayCountsOrigins(t *testing.T) {
+	const replayBytes = 64 << 10
+	id := strings.Repeat("c", maxURI)
+	for _, tc := range []struct {
+		name string
+		req  string
+	}{
+		{name: "applied", req: `{"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":"ahp-terminal:/t","clientSeq":1,"action":{"type":"terminal/cleared"}}}`},
+		{name: "rejected", req: `{"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":"ahp-terminal:/t","clientSeq":1,"action":{"type":"terminal/data","data":""}}}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := testServer(Config{ReplayBytes: replayBytes, ReplayActions: 1 << 20, Backlog: 1 << 30})
+			c := newConn(context.Background(), s, nil)
+			defer c.abort()
+			c.clientID = id
+			for range 1000 {
+				c.handle(context.Background(), []byte(tc.req))
+			}
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			ids, counted := 0, 0
+			for _, e := range s.replay {
+				ids += len(e.Origin.ClientID)
+				counted += e.size()
+			}
+			if counted != s.replayBytes {
+				t.Errorf("replayBytes = %d, the envelopes count %d", s.replayBytes, counted)
+			}
+			if ids > replayBytes {
+				t.Errorf("replay holds %d bytes of client ids, want at most %d", ids, replayBytes)
+			}
+		})
 	}
 }

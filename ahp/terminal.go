@@ -72,7 +72,8 @@ const (
 	maxURI = 1024
 	// maxSize bounds a terminal's columns and rows.
 	maxSize = 10000
-	// maxTitle bounds a title a client sets.
+	// maxTitle bounds a terminal's title: one a client sets is refused
+	// past it, one a program sets is cut.
 	maxTitle = 4096
 	// maxInput bounds the input waiting for a terminal's program to read
 	// it, in bytes and in actions; a single larger action is taken when
@@ -117,17 +118,26 @@ func (s *Server) createTerminal(ctx context.Context, params json.RawMessage) (an
 		}
 	}
 	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		return nil, &rpcError{Code: codeInternal, Message: "createTerminal: the server is closing"}
+	}
 	if _, ok := s.terms[p.Channel]; ok {
 		s.mu.Unlock()
 		return nil, &rpcError{Code: codeAlreadyExists, Message: fmt.Sprintf("terminal %.200q already exists", p.Channel)}
 	}
-	// Reserve the URI while the exec starts.
+	// Reserve the URI while the exec starts; Close waits until it is
+	// served or released.
 	t := &terminal{uri: p.Channel, s: s, since: s.seq, ready: make(chan struct{}), input: make(chan []byte, maxInputActions), gate: make(chan struct{})}
 	s.terms[p.Channel] = t
+	s.wg.Add(1)
 	s.mu.Unlock()
+	defer s.wg.Done()
 	fail := func(e *rpcError) (any, *rpcError) {
 		s.mu.Lock()
-		delete(s.terms, p.Channel)
+		if s.terms[p.Channel] == t {
+			delete(s.terms, p.Channel)
+		}
 		s.mu.Unlock()
 		close(t.ready)
 		return nil, e
@@ -166,18 +176,20 @@ func (s *Server) createTerminal(ctx context.Context, params json.RawMessage) (an
 	}
 	s.mu.Lock()
 	if s.terms[p.Channel] != t {
-		// The server closed while the exec started.
+		// The server closed while the exec started. Its output, which
+		// waits for ready, is let go first (and dropped): the kill waits
+		// for it.
 		s.mu.Unlock()
-		sess.Release(context.WithoutCancel(ctx), run.ID)
 		close(t.ready)
+		sess.Release(context.WithoutCancel(ctx), run.ID)
 		return nil, &rpcError{Code: codeInternal, Message: "createTerminal: the server is closing"}
 	}
 	t.session, t.t = sess, run
 	t.state = TerminalState{Title: title, Cwd: fileURI(dir), Cols: int(cols), Rows: int(rows), Content: []ContentPart{}, Claim: *p.Claim}
 	s.terminalsChangedLocked()
+	s.wg.Add(2)
 	s.mu.Unlock()
 	close(t.ready)
-	s.wg.Add(2)
 	go func() {
 		defer s.wg.Done()
 		t.wait()
@@ -266,13 +278,7 @@ func (t *terminal) dispose(ctx context.Context) error {
 		s.mu.Unlock()
 		return nil
 	}
-	delete(s.terms, t.uri)
-	for c := range s.conns {
-		c.mu.Lock()
-		delete(c.subs, t.uri)
-		c.mu.Unlock()
-	}
-	s.terminalsChangedLocked()
+	s.removeLocked(t)
 	run, sess := t.t, t.session
 	s.mu.Unlock()
 	if run == nil {
@@ -455,6 +461,18 @@ func (t *terminal) wait() {
 	t.emitListed(a)
 }
 
+// emit emits an action of the terminal's own while it is served: the
+// output of one disposed, still read while its processes are killed, must
+// not reach a terminal made again under its URI.
+func (t *terminal) emit(a Action) {
+	s := t.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.terms[t.uri] == t {
+		s.emitLocked(t.uri, a, nil)
+	}
+}
+
 // emitListed emits an action that changes what the root channel lists of
 // the terminal, and the new list with it.
 func (t *terminal) emitListed(a Action) {
@@ -481,18 +499,17 @@ func (t *terminal) process(data []byte, final bool) {
 	from := 0
 	for _, ev := range events {
 		if ev.Offset > from {
-			t.s.emit(t.uri, Action{Type: "terminal/data", Data: string(out[from:ev.Offset])}, nil)
+			t.emit(Action{Type: "terminal/data", Data: string(out[from:ev.Offset])})
 			from = ev.Offset
 		}
 		t.event(ev)
 	}
 	if from < len(out) {
-		t.s.emit(t.uri, Action{Type: "terminal/data", Data: string(out[from:])}, nil)
+		t.emit(Action{Type: "terminal/data", Data: string(out[from:])})
 	}
 }
 
 func (t *terminal) event(ev osc633.Event) {
-	s := t.s
 	if ev.Kind == 'R' {
 		t.launch(ev.Value)
 		return
@@ -501,7 +518,7 @@ func (t *terminal) event(ev osc633.Event) {
 	// a shell without the nonce (no stty) still marks its prompts.
 	if strings.IndexByte("CDEP", ev.Kind) >= 0 && !t.detecting {
 		t.detecting = true
-		s.emit(t.uri, Action{Type: "terminal/commandDetectionAvailable"}, nil)
+		t.emit(Action{Type: "terminal/commandDetectionAvailable"})
 	}
 	switch ev.Kind {
 	case 'E':
@@ -515,7 +532,7 @@ func (t *terminal) event(ev osc633.Event) {
 		t.cmdID++
 		t.started = time.Now()
 		t.running = true
-		s.emit(t.uri, Action{Type: "terminal/commandExecuted", CommandID: "cmd-" + strconv.Itoa(t.cmdID), CommandLine: t.line, Timestamp: t.started.UnixMilli()}, nil)
+		t.emit(Action{Type: "terminal/commandExecuted", CommandID: "cmd-" + strconv.Itoa(t.cmdID), CommandLine: t.line, Timestamp: t.started.UnixMilli()})
 		t.line = ""
 	case 'D':
 		if !t.running {
@@ -523,20 +540,27 @@ func (t *terminal) event(ev osc633.Event) {
 		}
 		t.running = false
 		d := time.Since(t.started).Milliseconds()
-		s.emit(t.uri, Action{Type: "terminal/commandFinished", CommandID: "cmd-" + strconv.Itoa(t.cmdID), ExitCode: ev.ExitCode, DurationMs: &d}, nil)
+		t.emit(Action{Type: "terminal/commandFinished", CommandID: "cmd-" + strconv.Itoa(t.cmdID), ExitCode: ev.ExitCode, DurationMs: &d})
 	case 'P':
 		if ev.Key == "Cwd" && len(ev.Value) > 0 && ev.Value[0] == '/' {
 			uri := fileURI(ev.Value)
 			if !t.stateIs(func(st TerminalState) bool { return st.Cwd == uri }) {
-				s.emit(t.uri, Action{Type: "terminal/cwdChanged", Cwd: uri}, nil)
+				t.emit(Action{Type: "terminal/cwdChanged", Cwd: uri})
 			}
 		}
 	case 'T':
+		// Bounded as a client's title is, cut at a character: each one
+		// goes to every client with the list of the terminals.
+		title := ev.Title
+		if len(title) > maxTitle {
+			title = title[:maxTitle]
+			title = title[:len(title)-sandbox.IncompleteTail([]byte(title))]
+		}
 		// A program that sets its title in a loop (a progress display)
 		// costs each client a list of the terminals per change; the same
 		// title again changes nothing.
-		if !t.stateIs(func(st TerminalState) bool { return st.Title == ev.Title }) {
-			t.emitListed(Action{Type: "terminal/titleChanged", Title: ev.Title})
+		if !t.stateIs(func(st TerminalState) bool { return st.Title == title }) {
+			t.emitListed(Action{Type: "terminal/titleChanged", Title: title})
 		}
 	}
 }

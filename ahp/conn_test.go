@@ -1,0 +1,157 @@
+package ahp
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// TestClientIDIsBounded: a client's id, which every action it sends
+// carries, is at most maxURI bytes.
+func TestClientIDIsBounded(t *testing.T) {
+	for _, tc := range []struct {
+		method string
+		n      int // bytes of the id
+		ok     bool
+	}{
+		{"initialize", maxURI, true},
+		{"initialize", maxURI + 1, false},
+		{"initialize", 1 << 20, false},
+		{"reconnect", maxURI, true},
+		{"reconnect", maxURI + 1, false},
+	} {
+		s := testServer(Config{})
+		c := &conn{s: s, subs: make(map[string]bool)}
+		id := strings.Repeat("c", tc.n)
+		params, _ := json.Marshal(map[string]any{"protocolVersions": supportedVersions(), "clientId": id, "lastSeenServerSeq": 0, "subscriptions": []string{}})
+		s.mu.Lock()
+		var rerr *rpcError
+		if tc.method == "initialize" {
+			_, rerr = c.initializeLocked(params)
+		} else {
+			_, rerr = c.reconnectLocked(params)
+		}
+		s.mu.Unlock()
+		switch {
+		case tc.ok && rerr != nil:
+			t.Errorf("%s with a clientId of %d bytes: %+v", tc.method, tc.n, rerr)
+		case !tc.ok && (rerr == nil || rerr.Code != codeInvalidParams || !strings.Contains(rerr.Message, "clientId longer than")):
+			t.Errorf("%s with a clientId of %d bytes: %+v, want InvalidParams", tc.method, tc.n, rerr)
+		case !tc.ok && c.clientID != "":
+			t.Errorf("%s with a clientId of %d bytes took it", tc.method, tc.n)
+		}
+	}
+}
+
+// TestInvalidRequests: JSON that is not a request object gets
+// InvalidRequest, with its id when that is a string or a number, and null
+// in place of any other; only what is not JSON gets ParseError.
+func TestInvalidRequests(t *testing.T) {
+	for _, tc := range []struct {
+		name, msg string
+		code      int // 0 for a result
+		id        string
+	}{
+		{"not JSON", `{"jsonrpc":"2.0","id":1,`, codeParse, "null"},
+		{"an array", `[{"jsonrpc":"2.0","id":1,"method":"ping"}]`, codeInvalidRequest, "null"},
+		{"a string", `"ping"`, codeInvalidRequest, "null"},
+		{"null", `null`, codeInvalidRequest, "null"},
+		{"a method that is a number", `{"jsonrpc":"2.0","id":7,"method":5}`, codeInvalidRequest, "7"},
+		{"a method that is a number, the id after it", `{"jsonrpc":"2.0","method":5,"id":"x"}`, codeInvalidRequest, `"x"`},
+		{"an object id", `{"jsonrpc":"2.0","id":{"a":1},"method":"ping"}`, codeInvalidRequest, "null"},
+		{"an array id", `{"jsonrpc":"2.0","id":[1],"method":"ping"}`, codeInvalidRequest, "null"},
+		{"a boolean id", `{"jsonrpc":"2.0","id":true,"method":"ping"}`, codeInvalidRequest, "null"},
+		{"a string id", `{"jsonrpc":"2.0","id":"a","method":"ping"}`, 0, `"a"`},
+		{"a negative id", ` {"jsonrpc":"2.0","id":-1.5,"method":"ping"}`, 0, "-1.5"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := testServer(Config{})
+			c := newConn(context.Background(), s, nil)
+			defer c.abort()
+			c.handle(context.Background(), []byte(tc.msg))
+			if len(c.queue) != 1 {
+				t.Fatalf("%d answers, want 1", len(c.queue))
+			}
+			var m struct {
+				ID    json.RawMessage `json:"id"`
+				Error *rpcError       `json:"error"`
+			}
+			if err := json.Unmarshal(c.queue[0].msg, &m); err != nil {
+				t.Fatal(err)
+			}
+			code := 0
+			if m.Error != nil {
+				code = m.Error.Code
+			}
+			if code != tc.code || string(m.ID) != tc.id {
+				t.Errorf("answer %s, want code %d and id %s", c.queue[0].msg, tc.code, tc.id)
+			}
+		})
+	}
+}
+
+// TestUnreadingClientIsDisconnected: a client that stays connected but
+// stops reading, with less than the backlog waiting for it, is cut off
+// once a write has taken the write timeout, and that is logged.
+func TestUnreadingClientIsDisconnected(t *testing.T) {
+	s := testServer(Config{Token: "tok", Backlog: 64 << 20, WriteTimeout: 200 * time.Millisecond})
+	lines := make(lineWriter, 64)
+	s.log = slog.New(slog.NewTextHandler(lines, nil))
+	hs := httptest.NewServer(s)
+	defer hs.Close()
+	ws := dialSubscribed(t, hs.URL, "idle")
+	defer ws.CloseNow()
+	// More than the sockets' buffers hold, less than the backlog.
+	s.emit("ahp-terminal:/t", Action{Type: "terminal/data", Data: strings.Repeat("x", 16<<20)}, nil)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		s.mu.Lock()
+		n := len(s.conns)
+		s.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a client that reads nothing is still connected")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for {
+		select {
+		case line := <-lines:
+			if strings.Contains(line, "not reading") && strings.Contains(line, "client=idle") {
+				return
+			}
+		default:
+			t.Fatal("the disconnection was not logged")
+		}
+	}
+}
+
+// TestWrongTokenIDIsEchoedOnlyWhenValid: AuthRequired goes back with the
+// request's id when it is one, and with null in place of an object.
+func TestWrongTokenIDIsEchoedOnlyWhenValid(t *testing.T) {
+	for _, tc := range []struct{ id, want string }{
+		{`1`, `"id":1`},
+		{`{"a":1}`, `"id":null`},
+	} {
+		_, url, ctx := serveTest(t, Config{Token: "tok"})
+		ws, _, err := websocket.Dial(ctx, url+"?token=wrong", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ws.Write(ctx, websocket.MessageText, []byte(`{"jsonrpc":"2.0","id":`+tc.id+`,"method":"initialize"}`)); err != nil {
+			t.Fatal(err)
+		}
+		_, msg, err := ws.Read(ctx)
+		if err != nil || !strings.Contains(string(msg), tc.want) {
+			t.Errorf("id %s: reply %s, %v; want %s", tc.id, msg, err, tc.want)
+		}
+		ws.CloseNow()
+	}
+}
