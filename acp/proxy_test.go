@@ -460,6 +460,9 @@ type fakeEngine struct {
 	conns    chan net.Conn
 	done     chan struct{}
 	execs    atomic.Int64
+	// failRemoves is how many container removals still fail; removes
+	// counts those asked for.
+	failRemoves, removes atomic.Int32
 }
 
 func newFakeEngine(t *testing.T, hold ...string) *fakeEngine {
@@ -581,6 +584,13 @@ func (e *fakeEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case <-r.Context().Done():
 		}
 		return
+	}
+	if op == "remove" {
+		e.removes.Add(1)
+		if n := e.failRemoves.Load(); n > 0 && e.failRemoves.CompareAndSwap(n, n-1) {
+			answer(500, `{"message":"could not kill container: tried to kill container, but did not receive an exit event"}`)
+			return
+		}
 	}
 	if op == "create" {
 		answer(201, `{"Id":"0123456789abcdef0123456789abcdef","Warnings":[]}`)
@@ -1020,5 +1030,28 @@ func TestWrapProxyCancelUnderAnIDInFlight(t *testing.T) {
 	close(e.output)
 	if got := recv(t, pp.agent); !strings.Contains(got, `"id":9`) || !strings.Contains(got, `"exitCode":0`) {
 		t.Errorf("the wait got %q, want its exit status", got)
+	}
+}
+
+// TestFailedRemovalIsTriedAgain: a container the engine failed to remove
+// when its session closed is removed on a later try.
+func TestFailedRemovalIsTriedAgain(t *testing.T) {
+	e := newFakeEngine(t)
+	pp := startProxyWith(t, e.m)
+	pp.newSession(t, "s")
+	pp.createTerminal(t, ``)
+	e.failRemoves.Store(1)
+	before := e.removes.Load()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := pp.p.terms.CloseSession(ctx, "s"); err == nil || !strings.Contains(err.Error(), "did not receive an exit event") {
+		t.Fatalf("close with a failing removal: %v, want the engine's error", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for e.removes.Load() < before+2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the removal was not tried again within 10s (%d tries)", e.removes.Load()-before)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
