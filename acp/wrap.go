@@ -1,6 +1,7 @@
 package acp
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -8,11 +9,14 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/sandboxd/sandboxd/limits"
 	"github.com/sandboxd/sandboxd/sandbox"
+	"golang.org/x/sys/unix"
 )
 
 // drainTimeout is how long the proxy keeps relaying after the agent exited:
@@ -74,9 +78,12 @@ func Wrap(ctx context.Context, terms *Terminals, editor io.ReadWriteCloser, agen
 	pid := cmd.Process.Pid
 	log = log.With("agent", agent.Argv[0], "agent_pid", pid)
 	log.Info("agent started")
+	// Told of the agent's exit without reaping it: its zombie keeps its
+	// pid, which is its process group's id, from being taken by another
+	// process until stopAgent is done with the group.
 	exited := make(chan struct{})
 	go func() {
-		cmd.Wait()
+		waitUnreaped(pid)
 		close(exited)
 	}()
 
@@ -136,6 +143,7 @@ func Wrap(ctx context.Context, terms *Terminals, editor io.ReadWriteCloser, agen
 	// group (a launcher's real agent, its tool servers) must not stay
 	// on the host, unsandboxed, once sandboxd is gone.
 	stopAgent(pid, exited, agent.Grace)
+	cmd.Wait()
 	stopProxy()
 	if !relayed {
 		// Run ends within stopTimeout of its cancellation; should it not,
@@ -175,28 +183,41 @@ func waitExit(exited <-chan struct{}, d time.Duration) bool {
 
 // stopAgent sends the agent's process group SIGTERM, waits for the agent
 // to exit and for the rest of the group to go, and sends SIGKILL to what
-// is left after grace.
+// is left after grace. The agent must not be reaped before it returns
+// (waitUnreaped). An agent that left its group is signalled by itself.
 func stopAgent(pid int, exited <-chan struct{}, grace time.Duration) {
 	deadline := time.Now().Add(grace)
 	if syscall.Kill(-pid, syscall.SIGTERM) != nil {
-		<-exited // nothing of the group is left, the agent neither
-		return
+		syscall.Kill(pid, syscall.SIGTERM)
 	}
 	if waitExit(exited, grace) && waitGroupGone(pid, deadline) {
 		return
 	}
 	syscall.Kill(-pid, syscall.SIGKILL)
+	syscall.Kill(pid, syscall.SIGKILL)
 	<-exited
 }
 
-// waitGroupGone polls until process group pgid has no member left, or
-// deadline passes; it reports whether the group is gone. There is no
-// event for the end of processes that are not one's children.
+// waitUnreaped waits for child pid to exit and leaves it a zombie, for
+// exec.Cmd.Wait to reap.
+func waitUnreaped(pid int) {
+	var info unix.Siginfo
+	for {
+		if err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil); !errors.Is(err, unix.EINTR) {
+			return
+		}
+	}
+}
+
+// waitGroupGone polls until process group pgid has no live member but its
+// leader, pgid itself, or deadline passes; it reports whether the group is
+// gone. There is no event for the end of processes that are not one's
+// children.
 func waitGroupGone(pgid int, deadline time.Time) bool {
-	tick := time.NewTicker(10 * time.Millisecond)
+	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		if errors.Is(syscall.Kill(-pgid, 0), syscall.ESRCH) {
+		if !groupHasMembers(pgid) {
 			return true
 		}
 		if !time.Now().Before(deadline) {
@@ -204,6 +225,36 @@ func waitGroupGone(pgid int, deadline time.Time) bool {
 		}
 		<-tick.C
 	}
+}
+
+// groupHasMembers reports whether a live process other than pgid itself is
+// in process group pgid, as /proc shows.
+func groupHasMembers(pgid int) bool {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return true // cannot tell: what is left gets SIGKILL
+	}
+	want := strconv.Itoa(pgid)
+	for _, e := range entries {
+		if e.Name() == want || e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue // gone meanwhile
+		}
+		// The command name, in parentheses, may hold anything; the
+		// state, parent and group follow the last ')'.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) >= 3 && f[0] != "Z" && f[2] == want {
+			return true
+		}
+	}
+	return false
 }
 
 func exitCode(st *os.ProcessState) int {

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/coder/websocket"
 )
@@ -173,19 +174,31 @@ func (c *conn) drain(ctx context.Context) {
 	}
 }
 
+// minWriteRate is the slowest a client may take in a message, in bytes per
+// second, beyond the write timeout.
+const minWriteRate = 256 << 10
+
+// writeTimeout is how long a message of n bytes may take to write: a big
+// snapshot gets longer, at minWriteRate, so that a slow link does not have
+// it cut off, and reconnect for it, over and over.
+func writeTimeout(base time.Duration, n int) time.Duration {
+	return base + time.Duration(n/minWriteRate)*time.Second
+}
+
 // writeMessage writes one message, within the server's write timeout: a
 // client that stays connected but stops reading would otherwise hold the
 // writer, and what is queued behind it, for ever. The connection is cut
 // off when it expires.
 func (c *conn) writeMessage(ctx context.Context, msg []byte) error {
-	wctx, cancel := context.WithTimeout(ctx, c.s.cfg.WriteTimeout)
+	timeout := writeTimeout(c.s.cfg.WriteTimeout, len(msg))
+	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	err := c.ws.Write(wctx, websocket.MessageText, msg)
 	if err != nil && ctx.Err() == nil && errors.Is(wctx.Err(), context.DeadlineExceeded) {
 		c.mu.Lock()
 		id := c.clientID
 		c.mu.Unlock()
-		c.s.log.Warn("ahp client not reading; disconnecting", "client", id, "timeout", c.s.cfg.WriteTimeout, "bytes", len(msg))
+		c.s.log.Warn("ahp client not reading; disconnecting", "client", id, "timeout", timeout, "bytes", len(msg))
 		c.abort()
 	}
 	return err

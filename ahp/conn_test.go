@@ -107,8 +107,11 @@ func TestUnreadingClientIsDisconnected(t *testing.T) {
 	defer hs.Close()
 	ws := dialSubscribed(t, hs.URL, "idle")
 	defer ws.CloseNow()
-	// More than the sockets' buffers hold, less than the backlog.
-	s.emit("ahp-terminal:/t", Action{Type: "terminal/data", Data: strings.Repeat("x", 16<<20)}, nil)
+	// More than the sockets' buffers hold, less than the backlog, in
+	// messages small enough to get the write timeout itself.
+	for range 64 {
+		s.emit("ahp-terminal:/t", Action{Type: "terminal/data", Data: strings.Repeat("x", minWriteRate-1024)}, nil)
+	}
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		s.mu.Lock()
 		n := len(s.conns)
@@ -153,5 +156,21 @@ func TestWrongTokenIDIsEchoedOnlyWhenValid(t *testing.T) {
 			t.Errorf("id %s: reply %s, %v; want %s", tc.id, msg, err, tc.want)
 		}
 		ws.CloseNow()
+	}
+}
+
+func TestWriteTimeout(t *testing.T) {
+	tests := []struct {
+		n    int
+		want time.Duration
+	}{
+		{0, 30 * time.Second},
+		{minWriteRate - 1, 30 * time.Second},
+		{16 << 20, 94 * time.Second},
+	}
+	for _, tc := range tests {
+		if got := writeTimeout(30*time.Second, tc.n); got != tc.want {
+			t.Errorf("writeTimeout(30s, %d) = %v, want %v", tc.n, got, tc.want)
+		}
 	}
 }

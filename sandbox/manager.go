@@ -37,6 +37,9 @@ type Manager struct {
 	log      *slog.Logger
 	instance *Instance
 	hostCPUs int
+	// reaper says commands run behind the engine's init (reaperPath):
+	// the containers have one, and it is tini, which can be a subreaper.
+	reaper bool
 
 	// ctx lives as long as the manager: terminals outlive the request that
 	// created them.
@@ -108,16 +111,29 @@ func NewManager(ctx context.Context, cli *client.Client, cfg Config, log *slog.L
 		log:      log.With("instance", in.ID),
 		instance: in,
 		hostCPUs: info.Info.NCPU,
+		reaper:   cfg.Session.Init && tiniInit(info.Info.InitBinary),
 		ctx:      mctx,
 		cancel:   cancel,
 		sessions: make(map[string]*Session),
 		detached: make(map[*Session]struct{}),
+	}
+	if cfg.Session.Init && !m.reaper {
+		m.log.Warn("the engine's init is not tini: commands run without a reaper of their own, so a process that removes "+MarkerEnv+" from its environment can outlive its kill", "init", info.Info.InitBinary)
 	}
 	if d := time.Duration(cfg.Server.IdleTimeout); d > 0 {
 		m.wg.Add(1)
 		go m.reapIdle(d)
 	}
 	return m, nil
+}
+
+// tiniInit reports whether the engine's init binary, as its info names it,
+// is tini (Docker's docker-init is), which a command can run behind as its
+// reaper. Another init (catatonit, dumb-init) takes no -s, and every
+// command would fail.
+func tiniInit(binary string) bool {
+	base := filepath.Base(binary)
+	return base == "docker-init" || strings.Contains(base, "tini")
 }
 
 // engineSocket is the path of the engine's unix socket, or "" when the

@@ -170,3 +170,22 @@ func TestDetachedSessionsCount(t *testing.T) {
 		t.Errorf("reserve once the old one is gone: %v", err)
 	}
 }
+
+func TestTiniInit(t *testing.T) {
+	tests := []struct {
+		binary string
+		want   bool
+	}{
+		{"docker-init", true},
+		{"/usr/libexec/docker/docker-init", true},
+		{"/usr/bin/tini-static", true},
+		{"/usr/bin/catatonit", false},
+		{"/usr/bin/dumb-init", false},
+		{"", false},
+	}
+	for _, tc := range tests {
+		if got := tiniInit(tc.binary); got != tc.want {
+			t.Errorf("tiniInit(%q) = %v, want %v", tc.binary, got, tc.want)
+		}
+	}
+}

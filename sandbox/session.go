@@ -1207,23 +1207,31 @@ func (s *Session) countOOMKillsLocked(n int64, now time.Time) bool {
 // the command's own reaper (reaperPath), which carries the marker. Markers
 // are plain regular expressions (letters, digits, '_' and '='): busybox
 // grep -F stops at the first NUL of environ, its regex matcher does not.
-// The process table is read with the shell's own read, so that a fork bomb
-// that used the pids up leaves room for the kill.
+// A reaper is not sent SIGTERM or SIGHUP: it passes them on to its child,
+// which would get them twice, and some programs take a second one as
+// "stop now".
 //
 // For SIGKILL the whole tree is stopped first and killed only once a
-// look finds no member that was not stopped: a process killed before its
+// look finds no member that the one before had not stopped: a process killed before its
 // children would hand them to the container's init, out of the tree, and
-// a running one could fork past the look. Zombies drop out.
+// a running one could fork past the look. Only the first look forks (for
+// grep); the later ones find the stopped processes again by pid and start
+// time with the shell's own read, so that a fork bomb that takes the pids
+// the first look freed cannot leave its tree stopped for ever. Zombies
+// drop out. A stat line is read whole: a command name may hold a newline.
 const killScript = `sig=$1; known=" $2 "; shift 2; n=0; last=
+pids=" "
+for p in $(grep -ls "$@" /proc/[0-9]*/environ | cut -d/ -f3); do pids="$pids$p "; done
 tree() {
-  pids=" "
-  for p in $(grep -ls "$@" /proc/[0-9]*/environ | cut -d/ -f3); do pids="$pids$p "; done
-  links=
+  links=; reapers=" "
   for d in /proc/[0-9]*; do
-    { read -r st < "$d/stat"; } 2>/dev/null || continue
+    st=
+    { read -r st; while read -r l; do st="$st $l"; done; } 2>/dev/null < "$d/stat"
+    [ -n "$st" ] || continue
+    p=${d#/proc/}
+    case $st in "$p (docker-init) "?" 0 "*) reapers="$reapers$p ";; esac
     set -- ${st##*) }
     case $1 in Z|X) continue;; esac
-    p=${d#/proc/}
     case $known in *" $p:${20} "*) case $pids in *" $p "*) ;; *) pids="$pids$p ";; esac;; esac
     links="$links $p:$2:${20}"
   done
@@ -1237,20 +1245,30 @@ tree() {
     done
   done
 }
-while :; do
-  tree "$@"
-  [ "$pids" = " " ] && exit 0
-  if [ "$sig" != KILL ]; then
-    kill -s "$sig" $pids 2>/dev/null
-    for l in $links; do
-      case $pids in *" ${l%%:*} "*) printf '%s:%s ' "${l%%:*}" "${l##*:}";; esac
-    done
-    exit 0
-  fi
+tree
+if [ "$sig" != KILL ]; then
+  send=
+  for p in $pids; do case $reapers in *" $p "*) ;; *) send="$send $p";; esac; done
+  [ -z "$send" ] || kill -s "$sig" $send 2>/dev/null
+  for l in $links; do
+    case $pids in *" ${l%%:*} "*) printf '%s:%s ' "${l%%:*}" "${l##*:}";; esac
+  done
+  exit 0
+fi
+while [ "$pids" != " " ]; do
   kill -s STOP $pids 2>/dev/null
-  [ "$pids" = "$last" ] && kill -s KILL $pids 2>/dev/null
-  last=$pids
-  n=$((n+1)); [ $n -lt 100 ] || exit 1
+  new=0
+  for p in $pids; do case $last in *" $p "*) ;; *) new=1; break;; esac; done
+  [ $new = 1 ] || kill -s KILL $pids 2>/dev/null
+  n=$((n+1))
+  if [ $n -ge 100 ]; then kill -s KILL $pids 2>/dev/null; exit 1; fi
+  for l in $links; do
+    case $pids in *" ${l%%:*} "*)
+      case $known in *" ${l%%:*}:${l##*:} "*) ;; *) known="$known${l%%:*}:${l##*:} ";; esac;;
+    esac
+  done
+  last=$pids; pids=" "
+  tree
 done`
 
 // killHeadroom is how many pids a kill borrows: the shell, a subshell, grep

@@ -307,7 +307,7 @@ func (t *Terminal) start(ctx context.Context, cwd string) error {
 		AttachStderr: true,
 		Env:          env,
 		WorkingDir:   cwd,
-		Cmd:          t.cmd.execArgv(s.m.cfg.Session.Init),
+		Cmd:          t.cmd.execArgv(s.m.reaper),
 	})
 	if err != nil {
 		if isNotFound(err) {
