@@ -443,6 +443,13 @@ func TestGitMetadataIsReadOnly(t *testing.T) {
 	writeFile(t, meta, "[core]\n")
 	own(t, meta)
 	writeFile(t, filepath.Join(repos, "meta", "HEAD"), "ref: refs/heads/main\n")
+	// A folder of projects, opened as the workspace: a repository one
+	// level down, whose directory is pinned too.
+	projects := workspace(t)
+	svc := subdir(t, projects, "svc")
+	config = filepath.Join(subdir(t, svc, ".git"), "config")
+	writeFile(t, config, "[core]\n")
+	own(t, config)
 	try := "{ echo '\tfsmonitor = ./evil' >> .git/config && echo changed config; " +
 		"echo 'gitdir: /tmp/evil' > .git && echo changed file; " +
 		"mv .git .git-old && echo moved; " +
@@ -453,20 +460,22 @@ func TestGitMetadataIsReadOnly(t *testing.T) {
 	for _, tc := range []struct {
 		name, config string
 		dir          string
+		pre          string // run before try
 		want         string
 	}{
-		{"repository", "", repo, "[core]\nwrote\n"},
-		{"worktree", "", worktree, "gitdir: " + repo + "/.git\nwrote\n"},
-		{"separate git directory", "", separate, "gitdir: meta\nwrote\n"},
-		{"separate git directory deeper", "", deeper, "gitdir: .repos/meta\nwrote\n"},
-		{"not protected", "[session]\nprotect_git = false\n", repo, "changed config\nmoved\nwrote\n"},
+		{"repository", "", repo, "", "[core]\nwrote\n"},
+		{"repository one level down", "", projects, "{ mv svc svc-old && echo moved repository; } 2>/dev/null; cd svc && ", "[core]\nwrote\n"},
+		{"worktree", "", worktree, "", "gitdir: " + repo + "/.git\nwrote\n"},
+		{"separate git directory", "", separate, "", "gitdir: meta\nwrote\n"},
+		{"separate git directory deeper", "", deeper, "", "gitdir: .repos/meta\nwrote\n"},
+		{"not protected", "[session]\nprotect_git = false\n", repo, "", "changed config\nmoved\nwrote\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := startServeWithConfig(t, tc.dir, tc.config)
 			a := srv.agent()
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
-			if out, st := sh(t, ctx, a, "s", try); out != tc.want {
+			if out, st := sh(t, ctx, a, "s", tc.pre+try); out != tc.want {
 				t.Errorf("got %q (%s), want %q", out, exitCode(st), tc.want)
 			}
 		})

@@ -526,6 +526,13 @@ func TestGitMetadataOf(t *testing.T) {
 	dir("symhead/common/objects")
 	dir("symhead/common/refs")
 	file("symhead/.git", "gitdir: gd\n")
+	// A folder of projects: one level down counts, a link or deeper not.
+	dir("projects/a/.git")
+	dir("projects/b")
+	dir("projects/d/deeper/.git")
+	if err := os.Symlink("a", filepath.Join(root, "projects/c")); err != nil {
+		t.Fatal(err)
+	}
 	r := func(ps ...string) []string {
 		var out []string
 		for _, p := range ps {
@@ -549,12 +556,29 @@ func TestGitMetadataOf(t *testing.T) {
 		{"a pointer to a directory that is no git directory", r("plaindir"), r("plaindir/.git")},
 		{"a pointer through a link", r("via"), r("via/.git")},
 		{"HEAD a link, a common directory without one", r("symhead"), r("symhead/.git", "symhead/gd", "symhead/common")},
+		{"repositories one level down", r("projects"), r("projects/a/.git")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := gitMetadataOf(tc.real); !slices.Equal(got, tc.want) {
 				t.Errorf("gitMetadataOf = %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestNestedRepositoriesAreBounded: a session directory with very many
+// repositories right below it gets at most maxNested protected, the first
+// by name.
+func TestNestedRepositoriesAreBounded(t *testing.T) {
+	root := t.TempDir()
+	for i := range maxNested + 6 {
+		if err := os.MkdirAll(filepath.Join(root, fmt.Sprintf("r%03d", i), ".git"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := nestedRepositories(root)
+	if len(got) != maxNested || got[0] != filepath.Join(root, "r000") || got[maxNested-1] != filepath.Join(root, fmt.Sprintf("r%03d", maxNested-1)) {
+		t.Errorf("nestedRepositories: %d, from %q to %q; want the first %d by name", len(got), got[0], got[len(got)-1], maxNested)
 	}
 }
 

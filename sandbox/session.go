@@ -768,13 +768,15 @@ func (s *Session) gitUnchanged() bool {
 }
 
 // gitMetadataOf finds the git metadata in the session directories (real,
-// links resolved): each one's .git, a directory or the file a worktree,
-// submodule or separate git directory has; the git directory such a file
-// names; and the common directory (config and hooks of a worktree) a git
-// directory names. Only what lies in one of the directories counts:
-// nothing else is in the container. A path with a link on the way inside a
-// session directory is left out, and so is a .git that is a link: a
-// command could point it elsewhere, and git follows it when it runs.
+// links resolved) and in the directories right below them (a folder of
+// projects, which editors search for repositories one level down): each
+// one's .git, a directory or the file a worktree, submodule or separate
+// git directory has; the git directory such a file names; and the common
+// directory (config and hooks of a worktree) a git directory names. Only
+// what lies in one of the session directories counts: nothing else is in
+// the container. A path with a link on the way inside a session directory
+// is left out, and so is a .git that is a link: a command could point it
+// elsewhere, and git follows it when it runs.
 func gitMetadataOf(real []string) []string {
 	var found []string
 	add := func(p string) bool {
@@ -784,7 +786,11 @@ func gitMetadataOf(real []string) []string {
 		found = append(found, p)
 		return true
 	}
+	var roots []string
 	for _, r := range real {
+		roots = append(append(roots, r), nestedRepositories(r)...)
+	}
+	for _, r := range roots {
 		dotgit := filepath.Join(r, ".git")
 		st, ok, err := gitMetadata(r)
 		if err != nil || !ok {
@@ -802,6 +808,43 @@ func gitMetadataOf(real []string) []string {
 		}
 	}
 	return found
+}
+
+// maxNestedScan bounds the entries of a session directory looked at for
+// repositories below it, and maxNested the repositories protected there:
+// each costs two mounts.
+const (
+	maxNestedScan = 4096
+	maxNested     = 64
+)
+
+// nestedRepositories returns the directories right below dir that hold a
+// .git, in name order: not links, and at most maxNested of the first
+// maxNestedScan entries.
+func nestedRepositories(dir string) []string {
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil
+	}
+	entries, _ := f.ReadDir(maxNestedScan)
+	f.Close()
+	var names []string
+	for _, e := range entries {
+		if e.IsDir() && e.Name() != ".git" {
+			names = append(names, e.Name())
+		}
+	}
+	slices.Sort(names)
+	var repos []string
+	for _, n := range names {
+		if len(repos) == maxNested {
+			break
+		}
+		if _, ok, err := gitMetadata(filepath.Join(dir, n)); err == nil && ok {
+			repos = append(repos, filepath.Join(dir, n))
+		}
+	}
+	return repos
 }
 
 // isGitDir reports whether dir looks like a git directory (a HEAD, or
