@@ -482,6 +482,26 @@ func TestGitMetadataIsReadOnly(t *testing.T) {
 	}
 }
 
+// TestGrantedMountOverARepository: a granted mount at a directory of the
+// workspace that holds a repository shows what it grants; the repository
+// there, which the container does not show, gets no mounts of its own.
+func TestGrantedMountOverARepository(t *testing.T) {
+	ws := workspace(t)
+	subdir(t, subdir(t, ws, "sub"), ".git")
+	tools := t.TempDir()
+	writeFile(t, filepath.Join(tools, "tool"), "granted\n")
+	if err := os.Chmod(tools, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	srv := startServeWithConfig(t, ws, fmt.Sprintf("[[session.mounts]]\nsource = %q\ntarget = %q\nmode = \"ro\"\n", tools, filepath.Join(ws, "sub")))
+	a := srv.agent()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if out, st := sh(t, ctx, a, "s", "cat sub/tool"); out != "granted\n" {
+		t.Errorf("got %q (%s), want the granted file", out, exitCode(st))
+	}
+}
+
 // TestGrantedMounts: what session.mounts grants is there, a directory or
 // a single file, through a link on the host as well (its target is what
 // is mounted), read-only when so configured.

@@ -559,26 +559,37 @@ func TestGitMetadataOf(t *testing.T) {
 		{"repositories one level down", r("projects"), r("projects/a/.git")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := gitMetadataOf(tc.real); !slices.Equal(got, tc.want) {
-				t.Errorf("gitMetadataOf = %q, want %q", got, tc.want)
+			if got, err := gitMetadataOf(tc.real, nil); err != nil || !slices.Equal(got, tc.want) {
+				t.Errorf("gitMetadataOf = %q, %v; want %q", got, err, tc.want)
 			}
 		})
 	}
 }
 
-// TestNestedRepositoriesAreBounded: a session directory with very many
-// repositories right below it gets at most maxNested protected, the first
-// by name.
+// TestNestedRepositoriesAreBounded: up to maxNested repositories right
+// below a session directory are protected; more are refused, rather than
+// some left out, which a command could choose by making repositories
+// that come first. A host mount point is not looked into.
 func TestNestedRepositoriesAreBounded(t *testing.T) {
 	root := t.TempDir()
-	for i := range maxNested + 6 {
+	for i := range maxNested {
 		if err := os.MkdirAll(filepath.Join(root, fmt.Sprintf("r%03d", i), ".git"), 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
-	got := nestedRepositories(root)
-	if len(got) != maxNested || got[0] != filepath.Join(root, "r000") || got[maxNested-1] != filepath.Join(root, fmt.Sprintf("r%03d", maxNested-1)) {
-		t.Errorf("nestedRepositories: %d, from %q to %q; want the first %d by name", len(got), got[0], got[len(got)-1], maxNested)
+	mounted := filepath.Join(root, "zz-mounted")
+	if err := os.MkdirAll(filepath.Join(mounted, ".git"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	got, err := nestedRepositories(root, []string{mounted})
+	if err != nil || len(got) != maxNested || slices.Contains(got, mounted) {
+		t.Errorf("nestedRepositories of %d and a mount point: %d, %v; want %d without the mount point", maxNested, len(got), err, maxNested)
+	}
+	if err := os.MkdirAll(filepath.Join(root, "one-more", ".git"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := nestedRepositories(root, []string{mounted}); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "protect_git") {
+		t.Errorf("nestedRepositories of %d: %d, %v; want ErrInvalid naming protect_git", maxNested+1, len(got), err)
 	}
 }
 
@@ -605,7 +616,10 @@ func TestGitMetadataOfDoesNotWaitOnAFIFO(t *testing.T) {
 	}
 	defer held.Close()
 	done := make(chan []string, 1)
-	go func() { done <- gitMetadataOf([]string{root}) }()
+	go func() {
+		found, _ := gitMetadataOf([]string{root}, nil)
+		done <- found
+	}()
 	select {
 	case got := <-done:
 		if want := []string{filepath.Join(root, ".git"), filepath.Join(root, "g")}; !slices.Equal(got, want) {
@@ -641,8 +655,10 @@ func TestCoverHostMounts(t *testing.T) {
 	if len(covers) != 1 || covers[0].Target != "/alias/m" {
 		t.Errorf("covers of a workspace through a link: %+v, want one at /alias/m", covers)
 	}
-	info := "36 35 98:0 / /real/w rw - ext4 /dev/sda1 rw\n37 36 0:55 / /real/w/a\\040b ro - tmpfs tmpfs ro\n"
-	if got := mountPointsOf([]byte(info)); !slices.Equal(got, []string{"/real/w", "/real/w/a b"}) {
+	// The kernel leaves a no-break space and a carriage return as they
+	// are: they are part of the name.
+	info := "36 35 98:0 / /real/w rw - ext4 /dev/sda1 rw\n37 36 0:55 / /real/w/a\\040b ro - tmpfs tmpfs ro\n38 36 0:56 / /real/w/c\u00a0d\re ro - tmpfs tmpfs ro\n"
+	if got := mountPointsOf([]byte(info)); !slices.Equal(got, []string{"/real/w", "/real/w/a b", "/real/w/c\u00a0d\re"}) {
 		t.Errorf("mountPointsOf = %q", got)
 	}
 	if got := unescapeMountinfo(`/real/w/a\040b\134c`); got != `/real/w/a b\c` {

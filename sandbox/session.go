@@ -665,9 +665,14 @@ func (s *Session) protectGit(real []string, binds []bind, covered []string) ([]m
 	if !s.m.cfg.Session.guardsGit() {
 		return nil, nil, nil
 	}
-	found, err := statGitMetadata(real)
+	found, err := statGitMetadata(real, covered)
 	if err != nil {
 		return nil, nil, err
+	}
+	// What a granted mount shows in the container is not the session
+	// directory's: nothing of it to protect, and no place for a pin.
+	granted := func(target string) bool {
+		return slices.ContainsFunc(s.m.cfg.Session.Mounts, func(mt Mount) bool { return Within(mt.Target, target) })
 	}
 	type readOnly struct {
 		g      gitFile
@@ -690,7 +695,7 @@ func (s *Session) protectGit(real []string, binds []bind, covered []string) ([]m
 			// A pointer naming a directory that holds a session
 			// directory would make that read-only: left alone.
 			if slices.ContainsFunc(binds, func(o bind) bool { return Within(target, o.target) }) ||
-				slices.ContainsFunc(ros, func(r readOnly) bool { return r.target == target }) {
+				slices.ContainsFunc(ros, func(r readOnly) bool { return r.target == target }) || granted(target) {
 				continue
 			}
 			ros = append(ros, readOnly{g, b, rel, target})
@@ -742,10 +747,15 @@ type gitFile struct {
 }
 
 // statGitMetadata finds the git metadata of the session directories and
-// reads the device and inode of each, not following a link.
-func statGitMetadata(real []string) ([]gitFile, error) {
+// reads the device and inode of each, not following a link. mountPoints
+// are the host's mount points below them, which it does not look into.
+func statGitMetadata(real, mountPoints []string) ([]gitFile, error) {
+	paths, err := gitMetadataOf(real, mountPoints)
+	if err != nil {
+		return nil, err
+	}
 	var found []gitFile
-	for _, p := range gitMetadataOf(real) {
+	for _, p := range paths {
 		st, err := statEntryUnlinked(p)
 		if err != nil {
 			return nil, fmt.Errorf("%w: workspace: %q changed while it was checked: %v", ErrInvalid, p, err)
@@ -763,7 +773,7 @@ func (s *Session) gitUnchanged() bool {
 	if !s.m.cfg.Session.guardsGit() {
 		return true
 	}
-	now, err := statGitMetadata(s.mountSources)
+	now, err := statGitMetadata(s.mountSources, hostMountPoints())
 	return err == nil && slices.Equal(now, s.gitSeen)
 }
 
@@ -776,8 +786,11 @@ func (s *Session) gitUnchanged() bool {
 // what lies in one of the session directories counts: nothing else is in
 // the container. A path with a link on the way inside a session directory
 // is left out, and so is a .git that is a link: a command could point it
-// elsewhere, and git follows it when it runs.
-func gitMetadataOf(real []string) []string {
+// elsewhere, and git follows it when it runs. Nothing at or below one of
+// mountPoints (the host's filesystems below the session directories,
+// which the container does not show) is looked at: a dead network mount
+// would hang the look.
+func gitMetadataOf(real, mountPoints []string) ([]string, error) {
 	var found []string
 	add := func(p string) bool {
 		if slices.Contains(found, p) || !slices.ContainsFunc(real, func(r string) bool { return Within(r, p) }) || !unlinked(p, real) {
@@ -788,10 +801,17 @@ func gitMetadataOf(real []string) []string {
 	}
 	var roots []string
 	for _, r := range real {
-		roots = append(append(roots, r), nestedRepositories(r)...)
+		nested, err := nestedRepositories(r, mountPoints)
+		if err != nil {
+			return nil, err
+		}
+		roots = append(append(roots, r), nested...)
 	}
 	for _, r := range roots {
 		dotgit := filepath.Join(r, ".git")
+		if slices.Contains(mountPoints, dotgit) {
+			continue
+		}
 		st, ok, err := gitMetadata(r)
 		if err != nil || !ok {
 			continue
@@ -807,44 +827,36 @@ func gitMetadataOf(real []string) []string {
 			add(common)
 		}
 	}
-	return found
+	return found, nil
 }
 
-// maxNestedScan bounds the entries of a session directory looked at for
-// repositories below it, and maxNested the repositories protected there:
-// each costs two mounts.
-const (
-	maxNestedScan = 4096
-	maxNested     = 64
-)
+// maxNested bounds the repositories protected right below a session
+// directory: each costs two mounts.
+const maxNested = 256
 
 // nestedRepositories returns the directories right below dir that hold a
-// .git, in name order: not links, and at most maxNested of the first
-// maxNestedScan entries.
-func nestedRepositories(dir string) []string {
-	f, err := os.Open(dir)
+// .git, in name order: not links, and not host mount points. More than
+// maxNested of them is refused rather than some left unprotected, which
+// a command could choose by making repositories that come first.
+func nestedRepositories(dir string, mountPoints []string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return nil
+		return nil, nil // the session's start reports a directory it cannot read
 	}
-	entries, _ := f.ReadDir(maxNestedScan)
-	f.Close()
-	var names []string
-	for _, e := range entries {
-		if e.IsDir() && e.Name() != ".git" {
-			names = append(names, e.Name())
-		}
-	}
-	slices.Sort(names)
 	var repos []string
-	for _, n := range names {
-		if len(repos) == maxNested {
-			break
+	for _, e := range entries {
+		p := filepath.Join(dir, e.Name())
+		if !e.IsDir() || e.Name() == ".git" || slices.ContainsFunc(mountPoints, func(m string) bool { return m == p || m == filepath.Join(p, ".git") }) {
+			continue
 		}
-		if _, ok, err := gitMetadata(filepath.Join(dir, n)); err == nil && ok {
-			repos = append(repos, filepath.Join(dir, n))
+		if _, ok, err := gitMetadata(p); err == nil && ok {
+			repos = append(repos, p)
 		}
 	}
-	return repos
+	if len(repos) > maxNested {
+		return nil, fmt.Errorf("%w: workspace: %s holds %d repositories right below it, more than the %d whose git metadata sandboxd mounts read-only (session.protect_git); open a directory with fewer, or set protect_git = false", ErrInvalid, dir, len(repos), maxNested)
+	}
+	return repos, nil
 }
 
 // isGitDir reports whether dir looks like a git directory (a HEAD, or
@@ -970,11 +982,14 @@ func hostMountPoints() []string {
 	return mountPointsOf(b)
 }
 
-// mountPointsOf lists the mount points of a mountinfo table.
+// mountPointsOf lists the mount points of a mountinfo table. Fields are
+// split at single spaces, the only separator: the kernel escapes space,
+// tab, newline and backslash in a path, but not a no-break space or a
+// carriage return, at which strings.Fields would cut a name short.
 func mountPointsOf(mountinfo []byte) []string {
 	var points []string
 	for _, line := range strings.Split(string(mountinfo), "\n") {
-		if f := strings.Fields(line); len(f) > 4 {
+		if f := strings.Split(line, " "); len(f) > 4 {
 			points = append(points, unescapeMountinfo(f[4]))
 		}
 	}
