@@ -450,6 +450,16 @@ func TestGitMetadataIsReadOnly(t *testing.T) {
 	config = filepath.Join(subdir(t, svc, ".git"), "config")
 	writeFile(t, config, "[core]\n")
 	own(t, config)
+	// A submodule two levels down, whose .git file names its git
+	// directory in the repository's.
+	super := workspace(t)
+	module := subdir(t, subdir(t, subdir(t, super, ".git"), "modules"), "lib")
+	writeFile(t, filepath.Join(super, ".git", "HEAD"), "ref: refs/heads/main\n")
+	writeFile(t, filepath.Join(module, "HEAD"), "ref: refs/heads/main\n")
+	writeFile(t, filepath.Join(module, "config"), "[core]\n\tworktree = ../../../vendor/lib\n")
+	lib := subdir(t, subdir(t, super, "vendor"), "lib")
+	writeFile(t, filepath.Join(lib, ".git"), "gitdir: ../../.git/modules/lib\n")
+	own(t, filepath.Join(lib, ".git"))
 	try := "{ echo '\tfsmonitor = ./evil' >> .git/config && echo changed config; " +
 		"echo 'gitdir: /tmp/evil' > .git && echo changed file; " +
 		"mv .git .git-old && echo moved; " +
@@ -464,6 +474,7 @@ func TestGitMetadataIsReadOnly(t *testing.T) {
 		want         string
 	}{
 		{"repository", "", repo, "", "[core]\nwrote\n"},
+		{"submodule two levels down", "", super, "cd vendor/lib && ", "gitdir: ../../.git/modules/lib\nwrote\n"},
 		{"repository one level down", "", projects, "{ mv svc svc-old && echo moved repository; } 2>/dev/null; cd svc && ", "[core]\nwrote\n"},
 		{"worktree", "", worktree, "", "gitdir: " + repo + "/.git\nwrote\n"},
 		{"separate git directory", "", separate, "", "gitdir: meta\nwrote\n"},

@@ -533,6 +533,17 @@ func TestGitMetadataOf(t *testing.T) {
 	if err := os.Symlink("a", filepath.Join(root, "projects/c")); err != nil {
 		t.Fatal(err)
 	}
+	// Submodules two levels down, one named with a slash, one nested in
+	// another.
+	dir("super/.git/modules/third_party/lib/modules/inner")
+	file("super/.git/HEAD", "ref: refs/heads/main\n")
+	file("super/.git/modules/third_party/lib/HEAD", "ref: refs/heads/main\n")
+	file("super/.git/modules/third_party/lib/config", "[core]\n\tbare = false\n\tworktree = ../../../../third_party/lib\n")
+	file("super/.git/modules/third_party/lib/modules/inner/HEAD", "ref: refs/heads/main\n")
+	file("super/.git/modules/third_party/lib/modules/inner/config", "[core]\n\tworktree = \"../../../../../../third_party/lib/deps/inner\"\n")
+	dir("super/third_party/lib/deps/inner")
+	file("super/third_party/lib/.git", "gitdir: ../../.git/modules/third_party/lib\n")
+	file("super/third_party/lib/deps/inner/.git", "gitdir: ../../../../.git/modules/third_party/lib/modules/inner\n")
 	r := func(ps ...string) []string {
 		var out []string
 		for _, p := range ps {
@@ -557,12 +568,35 @@ func TestGitMetadataOf(t *testing.T) {
 		{"a pointer through a link", r("via"), r("via/.git")},
 		{"HEAD a link, a common directory without one", r("symhead"), r("symhead/.git", "symhead/gd", "symhead/common")},
 		{"repositories one level down", r("projects"), r("projects/a/.git")},
+		{"submodules deeper down", r("super"), r("super/.git", "super/third_party/lib/.git", "super/third_party/lib/deps/inner/.git")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got, err := gitMetadataOf(tc.real, nil); err != nil || !slices.Equal(got, tc.want) {
 				t.Errorf("gitMetadataOf = %q, %v; want %q", got, err, tc.want)
 			}
 		})
+	}
+}
+
+func TestGitConfigValue(t *testing.T) {
+	dir := t.TempDir()
+	tests := []struct {
+		name, text, want string
+	}{
+		{"plain", "[core]\n\tworktree = ../x\n", "../x"},
+		{"quoted", "[core]\n\tworktree = \"../a b\"\n", "../a b"},
+		{"other section", "[remote \"origin\"]\n\tworktree = ../y\n[core]\n\tbare = false\n", ""},
+		{"case and the last one", "[Core]\n\tWorkTree=../1\n[core]\nworktree = ../2\n", "../2"},
+		{"none", "", ""},
+	}
+	for i, tc := range tests {
+		file := filepath.Join(dir, fmt.Sprint(i))
+		if err := os.WriteFile(file, []byte(tc.text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if got := gitConfigValue(file, "core", "worktree"); got != tc.want {
+			t.Errorf("%s: gitConfigValue = %q, want %q", tc.name, got, tc.want)
+		}
 	}
 }
 

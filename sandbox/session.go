@@ -823,11 +823,64 @@ func gitMetadataOf(real, mountPoints []string) ([]string, error) {
 				continue
 			}
 		}
+		dirs := []string{gitdir}
 		if common := pointedTo(filepath.Join(gitdir, "commondir"), ""); isGitDir(common) {
 			add(common)
+			dirs = append(dirs, common)
+		}
+		// A submodule's .git file may lie any depth below: a command that
+		// pointed it elsewhere would have git, which goes into
+		// submodules for `git status`, run that repository's config.
+		for _, d := range dirs {
+			for _, wt := range submoduleWorktrees(d) {
+				if _, ok, err := gitMetadata(wt); err == nil && ok && !slices.Contains(mountPoints, wt) {
+					add(filepath.Join(wt, ".git"))
+				}
+			}
 		}
 	}
 	return found, nil
+}
+
+// maxModuleDirs bounds the directories submoduleWorktrees looks at.
+const maxModuleDirs = 1024
+
+// submoduleWorktrees returns the working trees of the submodules whose git
+// directories lie in gitdir's modules directory (core.worktree of each,
+// relative to it), nested ones too. A module's name may hold slashes,
+// which make directories of their own.
+func submoduleWorktrees(gitdir string) []string {
+	var wts []string
+	seen := 0
+	var walk func(dir string, depth int)
+	walk = func(dir string, depth int) {
+		entries, err := os.ReadDir(dir)
+		if err != nil || depth > 8 {
+			return
+		}
+		for _, e := range entries {
+			if seen++; seen > maxModuleDirs {
+				return
+			}
+			if !e.IsDir() {
+				continue
+			}
+			d := filepath.Join(dir, e.Name())
+			if !isGitDir(d) {
+				walk(d, depth+1)
+				continue
+			}
+			if wt := gitConfigValue(filepath.Join(d, "config"), "core", "worktree"); wt != "" {
+				if !filepath.IsAbs(wt) {
+					wt = filepath.Join(d, wt)
+				}
+				wts = append(wts, filepath.Clean(wt))
+			}
+			walk(filepath.Join(d, "modules"), depth+1)
+		}
+	}
+	walk(filepath.Join(gitdir, "modules"), 0)
+	return wts
 }
 
 // maxNested bounds the repositories protected right below a session
@@ -906,24 +959,9 @@ func unlinked(p string, real []string) bool {
 // pointedTo reads the path a small git pointer file holds after prefix
 // (e.g. "gitdir: "), relative to the file's directory unless absolute, as
 // git reads it: all of the rest, less a line end; "" when there is none.
-// Only a regular file is read, once, without waiting: a FIFO a command put
-// there must not hold sandboxd up.
 func pointedTo(file, prefix string) string {
-	fd, err := unix.Open(file, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return ""
-	}
-	defer unix.Close(fd)
-	var st unix.Stat_t
-	if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return ""
-	}
-	b := make([]byte, 4096)
-	n, err := unix.Read(fd, b)
-	if err != nil || n <= 0 {
-		return ""
-	}
-	p, ok := strings.CutPrefix(strings.TrimRight(string(b[:n]), "\r\n"), prefix)
+	b := readSmallFile(file, 4096)
+	p, ok := strings.CutPrefix(strings.TrimRight(string(b), "\r\n"), prefix)
 	if !ok || p == "" {
 		return ""
 	}
@@ -931,6 +969,47 @@ func pointedTo(file, prefix string) string {
 		p = filepath.Join(filepath.Dir(file), p)
 	}
 	return filepath.Clean(p)
+}
+
+// gitConfigValue returns key's value in section of a git config file, as
+// far as a plain reading tells (the last one set, quotes removed), or "".
+func gitConfigValue(file, section, key string) string {
+	var in bool
+	var value string
+	for _, line := range strings.Split(string(readSmallFile(file, 64<<10)), "\n") {
+		line = strings.TrimSpace(line)
+		if strings.HasPrefix(line, "[") {
+			name, _, _ := strings.Cut(strings.Trim(line, "[]"), " ")
+			in = strings.EqualFold(name, section)
+			continue
+		}
+		k, v, ok := strings.Cut(line, "=")
+		if in && ok && strings.EqualFold(strings.TrimSpace(k), key) {
+			value = strings.Trim(strings.TrimSpace(v), `"`)
+		}
+	}
+	return value
+}
+
+// readSmallFile reads up to max bytes of a regular file, once, without
+// following a link or waiting: a FIFO a command put there must not hold
+// sandboxd up. It returns nil for anything else.
+func readSmallFile(file string, max int) []byte {
+	fd, err := unix.Open(file, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil
+	}
+	b := make([]byte, max)
+	n, err := unix.Read(fd, b)
+	if err != nil || n <= 0 {
+		return nil
+	}
+	return b[:n]
 }
 
 // coverHostMounts finds the filesystems mounted on the host below the bind
