@@ -43,6 +43,10 @@ type conn struct {
 	replies int
 	drained chan struct{} // capacity 1
 
+	// kills bounds the disposals under way for the connection: beyond
+	// it, the reader waits for one to end.
+	kills chan struct{}
+
 	done      chan struct{}
 	closeOnce sync.Once
 	// ctx bounds the connection; abort cancels it, which cuts the
@@ -54,8 +58,12 @@ type conn struct {
 
 func newConn(ctx context.Context, s *Server, ws *websocket.Conn) *conn {
 	ctx, cancel := context.WithCancel(ctx)
-	return &conn{s: s, ws: ws, subs: make(map[string]bool), wake: make(chan struct{}, 1), drained: make(chan struct{}, 1), done: make(chan struct{}), ctx: ctx, abort: cancel}
+	return &conn{s: s, ws: ws, subs: make(map[string]bool), wake: make(chan struct{}, 1), drained: make(chan struct{}, 1),
+		kills: make(chan struct{}, maxKills), done: make(chan struct{}), ctx: ctx, abort: cancel}
 }
+
+// maxKills is how many disposals of one connection run at once.
+const maxKills = 16
 
 func (c *conn) subscribed(channel string) bool {
 	c.mu.Lock()
@@ -292,6 +300,12 @@ type rpcError struct {
 }
 
 func (c *conn) reply(id json.RawMessage, result any, rerr *rpcError) {
+	c.hold() // replies are sent by the reader
+	c.sendReply(answer(id, result, rerr))
+}
+
+// answer is the response to request id.
+func answer(id json.RawMessage, result any, rerr *rpcError) []byte {
 	if id == nil {
 		id = json.RawMessage("null")
 	}
@@ -302,8 +316,7 @@ func (c *conn) reply(id json.RawMessage, result any, rerr *rpcError) {
 		m["result"] = result
 	}
 	b, _ := json.Marshal(m)
-	c.hold() // replies are sent by the reader
-	c.sendReply(b)
+	return b
 }
 
 // validID reports whether id is one JSON-RPC allows: a string, a number or
@@ -334,9 +347,10 @@ func invalid(format string, args ...any) *rpcError {
 
 func (c *conn) handle(ctx context.Context, data []byte) {
 	var m struct {
-		ID     json.RawMessage `json:"id"`
-		Method string          `json:"method"`
-		Params json.RawMessage `json:"params"`
+		JSONRPC string          `json:"jsonrpc"`
+		ID      json.RawMessage `json:"id"`
+		Method  string          `json:"method"`
+		Params  json.RawMessage `json:"params"`
 	}
 	err := json.Unmarshal(data, &m)
 	var serr *json.SyntaxError
@@ -352,9 +366,13 @@ func (c *conn) handle(ctx context.Context, data []byte) {
 		why = "the message is not a request object"
 	case err != nil:
 		// An object: only a member can be of the wrong type.
-		why = "method must be a string"
+		why = "method and jsonrpc must be strings"
 	case len(m.ID) > 0 && !validID(m.ID):
 		why = "id must be a string, a number or null"
+	case m.JSONRPC != "2.0":
+		why = `jsonrpc must be "2.0"`
+	case m.Method == "":
+		why = "method is required"
 	}
 	if why != "" {
 		c.reply(requestID(m.ID), nil, &rpcError{Code: codeInvalidRequest, Message: "invalid request: " + why})
@@ -405,7 +423,22 @@ func (c *conn) handle(ctx context.Context, data []byte) {
 	case m.Method == "createTerminal":
 		res, rerr = c.s.createTerminal(ctx, m.Params)
 	case m.Method == "disposeTerminal":
-		res, rerr = c.s.disposeTerminal(ctx, m.Params)
+		var kill func(context.Context) *rpcError
+		if kill, rerr = c.s.removeTerminal(m.Params); rerr != nil {
+			break
+		}
+		// The kill (an exec in the container, then the grace period)
+		// must not hold up what the client sends next, such as input
+		// to its other terminals: the answer follows when it is done.
+		c.kills <- struct{}{}
+		go func() {
+			defer func() { <-c.kills }()
+			// Not the reader: the writer sends it.
+			if rerr := kill(ctx); isRequest {
+				c.sendReply(answer(m.ID, json.RawMessage("null"), rerr))
+			}
+		}()
+		return
 	case m.Method == "dispatchAction":
 		c.dispatch(m.Params)
 	default:

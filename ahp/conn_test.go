@@ -69,6 +69,12 @@ func TestInvalidRequests(t *testing.T) {
 		{"a boolean id", `{"jsonrpc":"2.0","id":true,"method":"ping"}`, codeInvalidRequest, "null"},
 		{"a string id", `{"jsonrpc":"2.0","id":"a","method":"ping"}`, 0, `"a"`},
 		{"a negative id", ` {"jsonrpc":"2.0","id":-1.5,"method":"ping"}`, 0, "-1.5"},
+		{"an empty object", `{}`, codeInvalidRequest, "null"},
+		{"no method", `{"jsonrpc":"2.0"}`, codeInvalidRequest, "null"},
+		{"no method, an id", `{"jsonrpc":"2.0","id":3}`, codeInvalidRequest, "3"},
+		{"another version", `{"jsonrpc":"1.0","id":4,"method":"ping"}`, codeInvalidRequest, "4"},
+		{"a version that is a number", `{"jsonrpc":2,"id":5,"method":"ping"}`, codeInvalidRequest, "5"},
+		{"no version", `{"id":6,"method":"ping"}`, codeInvalidRequest, "6"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := testServer(Config{})

@@ -248,7 +248,10 @@ func sandboxError(op string, err error) *rpcError {
 	return &rpcError{Code: code, Message: fmt.Sprintf("%s: %v", op, err)}
 }
 
-func (s *Server) disposeTerminal(ctx context.Context, params json.RawMessage) (any, *rpcError) {
+// removeTerminal takes the terminal a disposeTerminal names out of the
+// list at once and returns what kills its processes, which may take the
+// kill's grace period. The server waits for that kill when it closes.
+func (s *Server) removeTerminal(params json.RawMessage) (kill func(context.Context) *rpcError, rerr *rpcError) {
 	var p struct {
 		Channel string `json:"channel"`
 	}
@@ -256,18 +259,26 @@ func (s *Server) disposeTerminal(ctx context.Context, params json.RawMessage) (a
 		return nil, invalid("disposeTerminal: channel is required")
 	}
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	t, ok := s.terms[p.Channel]
-	ok = ok && t.t != nil
-	s.mu.Unlock()
-	if !ok {
+	if !ok || t.t == nil {
 		return nil, &rpcError{Code: codeNotFound, Message: fmt.Sprintf("disposeTerminal: unknown terminal %.200q", p.Channel)}
 	}
-	// Once the terminal is out of the list its processes must go, even
-	// when the client that asked leaves meanwhile.
-	if err := t.dispose(context.WithoutCancel(ctx)); err != nil {
-		return nil, &rpcError{Code: codeInternal, Message: err.Error()}
+	if s.closing {
+		// Close disposes it, and waits for nothing added now.
+		return nil, &rpcError{Code: codeInternal, Message: "disposeTerminal: the server is closing"}
 	}
-	return nil, nil
+	s.removeLocked(t)
+	s.wg.Add(1)
+	return func(ctx context.Context) *rpcError {
+		defer s.wg.Done()
+		// Once the terminal is out of the list its processes must go,
+		// even when the client that asked leaves meanwhile.
+		if err := t.release(context.WithoutCancel(ctx)); err != nil {
+			return &rpcError{Code: codeInternal, Message: err.Error()}
+		}
+		return nil
+	}, nil
 }
 
 // dispose kills the terminal's processes and removes it.
@@ -279,8 +290,15 @@ func (t *terminal) dispose(ctx context.Context) error {
 		return nil
 	}
 	s.removeLocked(t)
-	run, sess := t.t, t.session
 	s.mu.Unlock()
+	return t.release(ctx)
+}
+
+// release kills the processes of a terminal taken out of the list.
+func (t *terminal) release(ctx context.Context) error {
+	t.s.mu.Lock()
+	run, sess := t.t, t.session
+	t.s.mu.Unlock()
 	if run == nil {
 		return nil // still starting: createTerminal releases it
 	}

@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -654,5 +655,50 @@ func TestAHPNonceIsTypedNotInherited(t *testing.T) {
 	}
 	if m := regexp.MustCompile(`[0-9a-f]{32}`).FindString(d); m != "" {
 		t.Errorf("the data shows %q, a nonce", m)
+	}
+}
+
+// TestAHPDisposeHoldsUpNothingElse: a disposal that waits out the kill's
+// grace period (the shell ignores SIGHUP) does not hold up the client's
+// input to its other terminal meanwhile, and is answered once it is done.
+func TestAHPDisposeHoldsUpNothingElse(t *testing.T) {
+	ws := workspace(t)
+	cfg := filepath.Join(t.TempDir(), "sandbox.toml")
+	writeFile(t, cfg, "[terminal]\nkill_grace = \"20s\"\n")
+	a := startAHP(t, ws, "--config", cfg)
+	c := subscribedTerminal(t, a, "me", "term:a", ws)
+	if r := c.call("createTerminal", map[string]any{"channel": "term:b", "claim": map[string]any{"kind": "client", "clientId": "me"}, "cwd": "file://" + ws}); r.Error != nil {
+		t.Fatalf("createTerminal: %+v", r.Error)
+	}
+	c.subscribe("term:b")
+	const stubborn = "trap '' HUP; exec sleep 1000"
+	c.input("term:b", stubborn+"\r", 1)
+	eventually(t, "the stubborn command runs", time.Minute, func() bool { return c.executed("term:b", stubborn) })
+	listed := func() int {
+		n := 0
+		for _, e := range c.envelopes() {
+			if e.Action.Type == "root/terminalsChanged" {
+				n++
+			}
+		}
+		return n
+	}
+	before := listed()
+	var disposed atomic.Bool
+	done := make(chan rawReply, 1)
+	go func() {
+		r := c.call("disposeTerminal", map[string]any{"channel": "term:b"})
+		disposed.Store(true)
+		done <- r
+	}()
+	// Taken off the list: the server has read the disposal.
+	eventually(t, "term:b taken off the list", 15*time.Second, func() bool { return listed() > before })
+	c.input("term:a", "echo $((6*7))\r", 2)
+	eventually(t, "the other terminal's echo", 15*time.Second, func() bool { return strings.Contains(c.data("term:a"), "42") })
+	if disposed.Load() {
+		t.Error("the disposal was answered before its grace period ended")
+	}
+	if r := <-done; r.Error != nil {
+		t.Errorf("disposeTerminal: %+v", r.Error)
 	}
 }
