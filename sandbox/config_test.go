@@ -737,3 +737,24 @@ func TestErrorsCutWhatThePeerSent(t *testing.T) {
 		}
 	}
 }
+
+// TestSubmodulesAreBounded: a modules directory beyond the bounds is
+// refused, not looked at in part.
+func TestSubmodulesAreBounded(t *testing.T) {
+	gitdir := t.TempDir()
+	for i := range maxModuleDirs + 1 {
+		if err := os.MkdirAll(filepath.Join(gitdir, "modules", fmt.Sprintf("m%04d", i)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := submoduleWorktrees(gitdir); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "protect_git") {
+		t.Errorf("submoduleWorktrees of %d modules: %v, want ErrInvalid naming protect_git", maxModuleDirs+1, err)
+	}
+	deep := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(deep, "modules", strings.Repeat("d/", maxModuleDepth+2)), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := submoduleWorktrees(deep); !errors.Is(err, ErrInvalid) {
+		t.Errorf("submoduleWorktrees %d levels deep: %v, want ErrInvalid", maxModuleDepth+2, err)
+	}
+}

@@ -832,7 +832,11 @@ func gitMetadataOf(real, mountPoints []string) ([]string, error) {
 		// pointed it elsewhere would have git, which goes into
 		// submodules for `git status`, run that repository's config.
 		for _, d := range dirs {
-			for _, wt := range submoduleWorktrees(d) {
+			wts, err := submoduleWorktrees(d)
+			if err != nil {
+				return nil, err
+			}
+			for _, wt := range wts {
 				if _, ok, err := gitMetadata(wt); err == nil && ok && !slices.Contains(mountPoints, wt) {
 					add(filepath.Join(wt, ".git"))
 				}
@@ -842,32 +846,40 @@ func gitMetadataOf(real, mountPoints []string) ([]string, error) {
 	return found, nil
 }
 
-// maxModuleDirs bounds the directories submoduleWorktrees looks at.
-const maxModuleDirs = 1024
+// maxModuleDirs and maxModuleDepth bound what submoduleWorktrees looks
+// at.
+const (
+	maxModuleDirs  = 1024
+	maxModuleDepth = 8
+)
 
 // submoduleWorktrees returns the working trees of the submodules whose git
 // directories lie in gitdir's modules directory (core.worktree of each,
 // relative to it), nested ones too. A module's name may hold slashes,
-// which make directories of their own.
-func submoduleWorktrees(gitdir string) []string {
+// which make directories of their own. A modules directory beyond its
+// bounds is refused rather than some submodules left out.
+func submoduleWorktrees(gitdir string) ([]string, error) {
 	var wts []string
 	seen := 0
-	var walk func(dir string, depth int)
-	walk = func(dir string, depth int) {
+	var walk func(dir string, depth int) error
+	walk = func(dir string, depth int) error {
 		entries, err := os.ReadDir(dir)
-		if err != nil || depth > 8 {
-			return
+		if err != nil {
+			return nil
 		}
+		if depth > maxModuleDepth || seen+len(entries) > maxModuleDirs {
+			return fmt.Errorf("%w: workspace: %s holds more submodules than sandboxd protects (%d entries, %d levels; session.protect_git); set protect_git = false", ErrInvalid, filepath.Join(gitdir, "modules"), maxModuleDirs, maxModuleDepth)
+		}
+		seen += len(entries)
 		for _, e := range entries {
-			if seen++; seen > maxModuleDirs {
-				return
-			}
 			if !e.IsDir() {
 				continue
 			}
 			d := filepath.Join(dir, e.Name())
 			if !isGitDir(d) {
-				walk(d, depth+1)
+				if err := walk(d, depth+1); err != nil {
+					return err
+				}
 				continue
 			}
 			if wt := gitConfigValue(filepath.Join(d, "config"), "core", "worktree"); wt != "" {
@@ -876,11 +888,14 @@ func submoduleWorktrees(gitdir string) []string {
 				}
 				wts = append(wts, filepath.Clean(wt))
 			}
-			walk(filepath.Join(d, "modules"), depth+1)
+			if err := walk(filepath.Join(d, "modules"), depth+1); err != nil {
+				return err
+			}
 		}
+		return nil
 	}
-	walk(filepath.Join(gitdir, "modules"), 0)
-	return wts
+	err := walk(filepath.Join(gitdir, "modules"), 0)
+	return wts, err
 }
 
 // maxNested bounds the repositories protected right below a session
