@@ -920,12 +920,16 @@ func (p *Proxy) rewriteUpdate(line []byte, params json.RawMessage) []byte {
 	if w == nil {
 		w = &watch{p: p, sessionID: n.SessionID, toolCallID: callID, wake: make(chan struct{}, 1)}
 		startWatch(p, p.textWatches, key, w)
-	} else if kind == "tool_call_update" && slices.EqualFunc(content, w.content, func(a, b json.RawMessage) bool { return bytes.Equal(a, b) }) && !w.due() {
+	} else if kind == "tool_call_update" && slices.EqualFunc(content, w.content, func(a, b json.RawMessage) bool { return bytes.Equal(a, b) }) {
 		// The same terminals again (a status change that repeats the
 		// content): the editor keeps what it shows, which the watch
 		// refreshes, rather than get all their output once more with
 		// every update.
-		delete(n.Update, "content")
+		if shown, ok := w.due(); ok {
+			n.Update["content"] = w.show(shown)
+		} else {
+			delete(n.Update, "content")
+		}
 		return updateRewrite(n.Update).rewrite(line)
 	}
 	n.Update["content"] = w.setContent(content, terms)
@@ -1133,34 +1137,35 @@ type watch struct {
 // p.updates is held.
 func (w *watch) setContent(content []json.RawMessage, terms []*sandbox.Terminal) json.RawMessage {
 	w.content, w.terms = content, terms
-	items := w.render()
-	w.shown, _ = marshal(items)
-	w.shownAt = time.Now()
+	shown, _ := marshal(w.render())
+	return w.show(shown)
+}
+
+// show records that the editor gets shown, now, and wakes the watch to
+// refresh from there. p.updates is held.
+func (w *watch) show(shown json.RawMessage) json.RawMessage {
+	w.shown, w.shownAt = shown, time.Now()
 	select {
 	case w.wake <- struct{}{}:
 	default:
 	}
-	return w.shown
+	return shown
 }
 
-// due reports whether the editor should get a text watch's content now:
-// it changed, and a refresh is due or the last one is (a terminal ended,
-// which the person watching is to see with the agent's update, not after
-// it). p.updates is held.
-func (w *watch) due() bool {
+// due returns a text watch's content rendered when the editor should get
+// it now: it changed, and a refresh is due or the last one is (a terminal
+// ended, which the person watching is to see with the agent's update, not
+// after it). The output is only rendered when one of those holds.
+// p.updates is held.
+func (w *watch) due() (json.RawMessage, bool) {
+	if time.Since(w.shownAt) < refreshInterval && !slices.ContainsFunc(w.terms, (*sandbox.Terminal).Exited) {
+		return nil, false
+	}
 	shown, err := marshal(w.render())
 	if err != nil || bytes.Equal(shown, w.shown) {
-		return false
+		return nil, false
 	}
-	if time.Since(w.shownAt) >= refreshInterval {
-		return true
-	}
-	for _, t := range w.terms {
-		if t.Exited() {
-			return true
-		}
-	}
-	return false
+	return shown, true
 }
 
 func (w *watch) terminals() []*sandbox.Terminal {
