@@ -6,9 +6,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -183,7 +185,8 @@ func (c *conn) drain(ctx context.Context) {
 }
 
 // minWriteRate is the slowest a client may take in a message, in bytes per
-// second, beyond the write timeout.
+// second, beyond the write timeout; and the slowest it may send one
+// beyond the read timeout.
 const minWriteRate = 256 << 10
 
 // writeTimeout is how long a message of n bytes may take to write: a big
@@ -191,6 +194,45 @@ const minWriteRate = 256 << 10
 // it cut off, and reconnect for it, over and over.
 func writeTimeout(base time.Duration, n int) time.Duration {
 	return base + time.Duration(n/minWriteRate)*time.Second
+}
+
+// readMessage reads the next message. Waiting for one is not bounded (a
+// connection may be quiet for hours), but once one has begun the rest
+// must arrive within the read timeout, extended as its bytes arrive at
+// minWriteRate or faster: otherwise a client that stopped part-way
+// through a message would hold it, up to the read limit, for ever. The
+// connection is cut off when it expires.
+func (c *conn) readMessage(ctx context.Context) (websocket.MessageType, []byte, error) {
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	typ, r, err := c.ws.Reader(rctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	start := time.Now()
+	var expired atomic.Bool
+	timer := time.AfterFunc(c.s.cfg.ReadTimeout, func() {
+		expired.Store(true)
+		cancel()
+	})
+	defer timer.Stop()
+	var buf bytes.Buffer
+	for {
+		n, err := buf.ReadFrom(io.LimitReader(r, minWriteRate))
+		if err != nil {
+			if expired.Load() {
+				c.mu.Lock()
+				id := c.clientID
+				c.mu.Unlock()
+				c.s.log.Warn("ahp client stopped in the middle of a message; disconnecting", "client", id, "bytes", buf.Len())
+			}
+			return 0, nil, err
+		}
+		if n < minWriteRate {
+			return typ, buf.Bytes(), nil
+		}
+		timer.Reset(time.Until(start.Add(writeTimeout(c.s.cfg.ReadTimeout, buf.Len()))))
+	}
 }
 
 // writeMessage writes one message, within the server's write timeout: a
@@ -277,7 +319,7 @@ func (c *conn) run() {
 		<-wrote
 	}()
 	for {
-		typ, data, err := c.ws.Read(ctx)
+		typ, data, err := c.readMessage(ctx)
 		if err != nil {
 			return
 		}

@@ -71,6 +71,11 @@ type Config struct {
 	// default); a client that stays connected but reads too little to
 	// take one in time is disconnected.
 	WriteTimeout time.Duration
+	// ReadTimeout bounds the reading of one message once it has begun (30
+	// s by default, and 1 s more for each 256 KiB that arrives): a client
+	// that stops part-way through a message is disconnected rather than
+	// left holding what it sent.
+	ReadTimeout time.Duration
 	// Workspace is the default working directory of new terminals.
 	Workspace string
 	Sessions  SessionFor
@@ -175,6 +180,9 @@ func NewServer(ctx context.Context, cfg Config, log *slog.Logger) *Server {
 	}
 	if cfg.WriteTimeout <= 0 {
 		cfg.WriteTimeout = 30 * time.Second
+	}
+	if cfg.ReadTimeout <= 0 {
+		cfg.ReadTimeout = 30 * time.Second
 	}
 	return &Server{
 		// Numbered from the time it starts, so that a client of an
