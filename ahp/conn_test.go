@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"net"
 	"net/http/httptest"
 	"strconv"
 	"strings"
@@ -251,4 +252,31 @@ func loggedServer(t *testing.T, cfg Config) (*Server, lineWriter, string) {
 	hs := httptest.NewServer(s)
 	t.Cleanup(hs.Close)
 	return s, lines, hs.URL
+}
+
+func TestCheckMaxContent(t *testing.T) {
+	for _, tc := range []struct {
+		n  int64
+		ok bool
+	}{{0, false}, {1<<10 - 1, false}, {1 << 10, true}, {1 << 20, true}, {1 << 30, true}, {1<<30 + 1, false}, {-1, false}} {
+		if err := CheckMaxContent(tc.n); (err == nil) != tc.ok {
+			t.Errorf("CheckMaxContent(%d) = %v, want ok %v", tc.n, err, tc.ok)
+		}
+	}
+}
+
+// TestTokenFile: the default token file is in the user's cache directory,
+// named by the port, and there is none without a cache directory (no
+// shared fallback).
+func TestTokenFile(t *testing.T) {
+	t.Setenv("XDG_CACHE_HOME", "/cache")
+	got, err := TokenFile(&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 7681})
+	if err != nil || got != "/cache/sandboxd/ahp-token-7681" {
+		t.Errorf("TokenFile = %q, %v", got, err)
+	}
+	t.Setenv("XDG_CACHE_HOME", "")
+	t.Setenv("HOME", "")
+	if got, err := TokenFile(&net.TCPAddr{Port: 1}); err == nil {
+		t.Errorf("TokenFile without a cache directory = %q", got)
+	}
 }

@@ -208,6 +208,34 @@ func NewToken() (string, error) {
 	return hex.EncodeToString(b), nil
 }
 
+// TokenFile is where the token of a server listening on addr goes unless
+// its user names a file: in the user's cache directory, named by the
+// port, so that instances on two ports do not overwrite each other's.
+func TokenFile(addr net.Addr) (string, error) {
+	dir, err := os.UserCacheDir()
+	if err != nil {
+		// No shared fallback such as /tmp: another user could read or
+		// swap the token there.
+		return "", fmt.Errorf("no place for the AHP token (%v): name a token file", err)
+	}
+	port := 0
+	if t, ok := addr.(*net.TCPAddr); ok {
+		port = t.Port
+	}
+	return filepath.Join(dir, "sandboxd", fmt.Sprintf("ahp-token-%d", port)), nil
+}
+
+// CheckMaxContent refuses a bound on a terminal's content (Config.MaxContent)
+// a server should not keep: the content is held in memory per terminal;
+// below 1 KiB a client that subscribes is shown next to nothing, and past
+// 1 GiB it bounds nothing.
+func CheckMaxContent(n int64) error {
+	if n < 1<<10 || n > 1<<30 {
+		return errors.New("must be from 1KiB to 1GiB")
+	}
+	return nil
+}
+
 // WriteToken writes token to file, readable by its owner only. The file
 // is written beside its final name and renamed over it, so a link planted
 // at that name is replaced, not followed; a directory that others may

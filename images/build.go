@@ -82,14 +82,29 @@ func (b *Builder) Ensure(ctx context.Context, ref string) error {
 	return err
 }
 
+// tagOf gives the tag an image built as ref is loaded under: ref with
+// "latest" when it names no tag, as the engine reads a name alone. A
+// digest is refused, since a load can only tag.
+func tagOf(ref string) (string, error) {
+	named, err := reference.ParseNormalizedNamed(ref)
+	if err != nil {
+		return "", fmt.Errorf("build image %s: %w", ref, err)
+	}
+	if _, ok := named.(reference.Digested); ok {
+		return "", fmt.Errorf("build image %s: a reference with a digest cannot be built; give a name and tag", ref)
+	}
+	return reference.FamiliarString(reference.TagNameOnly(named)), nil
+}
+
 // Build makes the base image's root filesystem from Debian packages and
 // loads it into the engine tagged ref. Building twice from the same packages
 // gives the same layer digest and the same image id.
 func (b *Builder) Build(ctx context.Context, ref string) (Result, error) {
 	// Before the work: an engine that is not there, or a name it would
 	// not take, would only show at the load.
-	if _, err := reference.ParseNormalizedNamed(ref); err != nil {
-		return Result{}, fmt.Errorf("build image %s: %w", ref, err)
+	ref, err := tagOf(ref)
+	if err != nil {
+		return Result{}, err
 	}
 	if _, err := b.Client.Ping(ctx, client.PingOptions{}); err != nil {
 		return Result{}, fmt.Errorf("build image %s: %w", ref, sandbox.EngineError(err))

@@ -805,3 +805,31 @@ func TestSweepLeftovers(t *testing.T) {
 		t.Errorf("left %q, want %q", left, want)
 	}
 }
+
+// TestTagOf: a name alone is loaded as :latest, as the engine reads it; a
+// digest or a name the engine would not take is refused before any work.
+func TestTagOf(t *testing.T) {
+	for _, tc := range []struct {
+		ref, want, err string
+	}{
+		{ref: "myimg", want: "myimg:latest"},
+		{ref: "myimg:1", want: "myimg:1"},
+		{ref: "sandboxd/base:bookworm", want: "sandboxd/base:bookworm"},
+		{ref: "localhost:5000/x", want: "localhost:5000/x:latest"},
+		{ref: "docker.io/library/img:2", want: "img:2"},
+		{ref: "img@sha256:" + strings.Repeat("a", 64), err: "digest"},
+		{ref: "Upper", err: "must be lowercase"},
+		{ref: "", err: "invalid reference"},
+	} {
+		got, err := tagOf(tc.ref)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("tagOf(%q) = %q, %v; want an error with %q", tc.ref, got, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("tagOf(%q) = %q, %v; want %q", tc.ref, got, err, tc.want)
+		}
+	}
+}

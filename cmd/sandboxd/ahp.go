@@ -7,8 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"os"
-	"path/filepath"
 	"strings"
 
 	"github.com/sandboxd/sandboxd/acp"
@@ -43,10 +41,8 @@ func (a *ahpFlags) check() error {
 	if err != nil {
 		return usageError{fmt.Errorf("--ahp-max-content: %w", err)}
 	}
-	// Content is held in memory per terminal: zero would keep nothing to
-	// show a client that subscribes, and past 1GiB it bounds nothing.
-	if max < 1<<10 || max > 1<<30 {
-		return usageError{fmt.Errorf("--ahp-max-content: %s must be from 1KiB to 1GiB", a.maxBytes)}
+	if err := ahp.CheckMaxContent(max); err != nil {
+		return usageError{fmt.Errorf("--ahp-max-content: %s %w", a.maxBytes, err)}
 	}
 	a.maxContent = max
 	return nil
@@ -94,22 +90,14 @@ func (a *ahpFlags) start(ctx context.Context, terms *acp.Terminals, workspace st
 	}, nil
 }
 
-// tokenPath is --ahp-token-file, else a file in the user's cache
-// directory named by the port, so that instances on two ports do not
-// overwrite each other's token.
+// tokenPath is --ahp-token-file, else the server's own default.
 func (a *ahpFlags) tokenPath(addr net.Addr) (string, error) {
 	if a.tokenFile != "" {
 		return a.tokenFile, nil
 	}
-	dir, err := os.UserCacheDir()
+	file, err := ahp.TokenFile(addr)
 	if err != nil {
-		// No shared fallback such as /tmp: another user could read or
-		// swap the token there.
-		return "", fmt.Errorf("no place for the AHP token (%v): set --ahp-token-file", err)
+		return "", fmt.Errorf("%w (--ahp-token-file)", err)
 	}
-	port := 0
-	if t, ok := addr.(*net.TCPAddr); ok {
-		port = t.Port
-	}
-	return filepath.Join(dir, "sandboxd", fmt.Sprintf("ahp-token-%d", port)), nil
+	return file, nil
 }

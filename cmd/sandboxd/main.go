@@ -432,9 +432,9 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) (int, 
 }
 
 func cmdImage(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	// build is its only command: its help is the command's.
 	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
-		fmt.Fprintln(stdout, "Usage: sandboxd image build [--ref REF]")
-		return flag.ErrHelp
+		args = []string{"build", "-h"}
 	}
 	if len(args) == 0 || args[0] != "build" {
 		return usageError{errors.New("usage: sandboxd image build [--ref REF]")}
