@@ -420,7 +420,9 @@ func (c *conn) handle(ctx context.Context, data []byte) {
 		c.reply(requestID(m.ID), nil, &rpcError{Code: codeInvalidRequest, Message: "invalid request: " + why})
 		return
 	}
-	isRequest := len(m.ID) > 0 && string(m.ID) != "null"
+	// A notification has no id at all; an id of null is a request
+	// (JSON-RPC 2.0 discourages it, but it is one) and gets its answer.
+	isRequest := len(m.ID) > 0
 	var res any
 	var rerr *rpcError
 	c.mu.Lock()
@@ -614,7 +616,9 @@ func (c *conn) reconnectLocked(params json.RawMessage) (any, *rpcError) {
 	if !fresh && p.LastSeenServerSeq+1 >= oldest && p.LastSeenServerSeq <= s.seq {
 		actions := []Envelope{}
 		for _, env := range s.replay {
-			if env.ServerSeq > p.LastSeenServerSeq && live[env.Channel] {
+			// A rejection is the business of the client that sent it.
+			mine := env.RejectionReason == "" || env.Origin != nil && env.Origin.ClientID == p.ClientID
+			if env.ServerSeq > p.LastSeenServerSeq && live[env.Channel] && mine {
 				actions = append(actions, env)
 			}
 		}

@@ -71,6 +71,7 @@ func TestInvalidRequests(t *testing.T) {
 		{"a boolean id", `{"jsonrpc":"2.0","id":true,"method":"ping"}`, codeInvalidRequest, "null"},
 		{"a string id", `{"jsonrpc":"2.0","id":"a","method":"ping"}`, 0, `"a"`},
 		{"a negative id", ` {"jsonrpc":"2.0","id":-1.5,"method":"ping"}`, 0, "-1.5"},
+		{"a null id", `{"jsonrpc":"2.0","id":null,"method":"ping"}`, 0, "null"},
 		{"an empty object", `{}`, codeInvalidRequest, "null"},
 		{"no method", `{"jsonrpc":"2.0"}`, codeInvalidRequest, "null"},
 		{"no method, an id", `{"jsonrpc":"2.0","id":3}`, codeInvalidRequest, "3"},

@@ -425,25 +425,44 @@ func (s *Server) emitLocked(channel string, a Action, origin *Origin) {
 		return
 	}
 	s.seq++
-	s.publishLocked(Envelope{Channel: channel, Action: a, ServerSeq: s.seq, Origin: origin}, nil)
+	s.publishLocked(Envelope{Channel: channel, Action: a, ServerSeq: s.seq, Origin: origin})
 }
 
 // rejectLocked numbers a client's action that did not take effect and
-// echoes it with the reason, as the action it sent, to the channel's
-// subscribers and to the client: the client drops its optimistic copy,
-// the others see nothing applied. s.mu must be held.
+// echoes it with the reason, as the action it sent, to that client alone:
+// it drops its optimistic copy. The others saw nothing applied and have
+// nothing to revert; sending them what a client made up, which may not
+// even decode as an action, would only let it break them. A reconnect of
+// the same client replays it. s.mu must be held.
 func (s *Server) rejectLocked(from *conn, channel string, raw json.RawMessage, origin *Origin, reason string) {
 	if len(raw) == 0 {
 		raw = json.RawMessage("null")
 	}
 	s.seq++
+	env := Envelope{Channel: channel, RawAction: raw, ServerSeq: s.seq, Origin: origin, RejectionReason: reason}
+	s.keepLocked(env)
 	from.hold() // the echo leaves from the client's reader
-	s.publishLocked(Envelope{Channel: channel, RawAction: raw, ServerSeq: s.seq, Origin: origin, RejectionReason: reason}, from)
+	from.send(notification("action", env))
 }
 
 // publishLocked keeps env for replay and sends it to the channel's
-// subscribers, and to also when it is not one. s.mu must be held.
-func (s *Server) publishLocked(env Envelope, also *conn) {
+// subscribers. s.mu must be held.
+func (s *Server) publishLocked(env Envelope) {
+	s.keepLocked(env)
+	var msg []byte
+	for c := range s.conns {
+		if c.subscribed(env.Channel) {
+			if msg == nil {
+				msg = notification("action", env)
+			}
+			c.send(msg)
+		}
+	}
+}
+
+// keepLocked keeps env for replay, within the replay's bounds. s.mu must
+// be held.
+func (s *Server) keepLocked(env Envelope) {
 	s.replay = append(s.replay, env)
 	s.replayBytes += env.size()
 	if len(s.replay) > s.cfg.ReplayActions || s.replayBytes > s.cfg.ReplayBytes {
@@ -455,20 +474,6 @@ func (s *Server) publishLocked(env Envelope, also *conn) {
 			drop++
 		}
 		s.replay = slices.Delete(s.replay, 0, drop)
-	}
-	var msg []byte
-	for c := range s.conns {
-		if c == also || c.subscribed(env.Channel) {
-			if msg == nil {
-				msg = notification("action", env)
-			}
-			c.send(msg)
-		}
-	}
-	if also != nil {
-		if _, ok := s.conns[also]; !ok {
-			also.send(notification("action", env)) // a connection not (yet) listed
-		}
 	}
 }
 

@@ -635,8 +635,8 @@ func TestWriteToken(t *testing.T) {
 }
 
 // TestRejectionsAndErrorsAsSpecified: a rejected action gets a serverSeq
-// of its own, is replayed, reaches the channel's subscribers as well as
-// its sender, and carries the action as sent; a malformed dispatch is
+// of its own, is kept for replay, reaches its sender and no other
+// subscriber, and carries the action as sent; a malformed dispatch is
 // rejected too; a session claim can be narrowed within its session; and
 // the error codes are AHP's.
 func TestRejectionsAndErrorsAsSpecified(t *testing.T) {
@@ -683,15 +683,23 @@ func TestRejectionsAndErrorsAsSpecified(t *testing.T) {
 	} {
 		send(fmt.Sprintf(`{"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":"ahp-terminal:/t","clientSeq":%d,"action":%s}}`, i+1, tc.action))
 		seq++
-		for _, ws := range []*websocket.Conn{sender, watcher} {
-			e := read(ws)
-			if e.Params.ServerSeq != seq || !strings.Contains(e.Params.RejectionReason, tc.reason) || string(e.Params.Action) != tc.action || e.Params.Origin.ClientSeq != int64(i+1) {
-				t.Errorf("%s: got %+v (action %s), want serverSeq %d, a rejection for %q, the action as sent", tc.action, e.Params, e.Params.Action, seq, tc.reason)
-			}
+		e := read(sender)
+		if e.Params.ServerSeq != seq || !strings.Contains(e.Params.RejectionReason, tc.reason) || string(e.Params.Action) != tc.action || e.Params.Origin.ClientSeq != int64(i+1) {
+			t.Errorf("%s: got %+v (action %s), want serverSeq %d, a rejection for %q, the action as sent", tc.action, e.Params, e.Params.Action, seq, tc.reason)
 		}
 	}
 	if n := len(s.replay); n == 0 || s.replay[n-1].ServerSeq != seq || s.replay[n-1].RejectionReason == "" {
 		t.Errorf("the last rejection is not kept for replay: %+v", s.replay)
+	}
+	// The watcher got none of the rejections: the next it hears is what
+	// the server does next.
+	s.emit("ahp-terminal:/t", Action{Type: "terminal/data", Data: "next"}, nil)
+	seq++
+	if e := read(watcher); e.Params.ServerSeq != seq || e.Params.RejectionReason != "" {
+		t.Errorf("watcher: got %+v (action %s), want serverSeq %d, no rejection", e.Params, e.Params.Action, seq)
+	}
+	if e := read(sender); e.Params.ServerSeq != seq {
+		t.Errorf("sender: got %+v, want serverSeq %d", e.Params, seq)
 	}
 	// Detaching the tool call's terminal: narrowed within its session.
 	send(`{"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":"ahp-terminal:/t","clientSeq":9,"action":{"type":"terminal/claimed","claim":{"kind":"session","session":"copilot:/s1"}}}}`)
@@ -1247,6 +1255,46 @@ func TestLogLimit(t *testing.T) {
 		dropped, ok := l.allow(t0.Add(st.at))
 		if ok != st.ok || dropped != st.dropped {
 			t.Errorf("at %v: allow = %d, %v; want %d, %v", st.at, dropped, ok, st.dropped, st.ok)
+		}
+	}
+}
+
+// TestRejectionReplaysToItsSenderOnly: a reconnect replays a rejection to
+// the client that sent the action, and not to any other.
+func TestRejectionReplaysToItsSenderOnly(t *testing.T) {
+	s := testServer(Config{})
+	last := s.seq
+	c := &conn{s: s, subs: make(map[string]bool)}
+	s.mu.Lock()
+	s.rejectLocked(c, "ahp-terminal:/t", json.RawMessage(`{"type":"terminal/data"}`), &Origin{ClientID: "sender", ClientSeq: 1}, "no")
+	s.mu.Unlock()
+	s.emit("ahp-terminal:/t", Action{Type: "terminal/data", Data: "x"}, nil)
+	for _, tc := range []struct {
+		client string
+		want   int
+	}{{"sender", 2}, {"other", 1}} {
+		params, _ := json.Marshal(map[string]any{"clientId": tc.client, "lastSeenServerSeq": last, "subscriptions": []string{"ahp-terminal:/t"}})
+		s.mu.Lock()
+		res, rerr := (&conn{s: s, subs: make(map[string]bool)}).reconnectLocked(params)
+		s.mu.Unlock()
+		if rerr != nil {
+			t.Fatal(rerr)
+		}
+		r := res.(map[string]any)
+		actions, _ := r["actions"].([]Envelope)
+		if r["type"] != "replay" || len(actions) != tc.want || actions[len(actions)-1].Action.Data != "x" {
+			t.Errorf("%s: replay %+v, want %d actions ending in the data", tc.client, r, tc.want)
+		}
+	}
+}
+
+// TestTerminalsChangedKeepsAnEmptyList: the terminal list the schema
+// requires is there when the last terminal goes, however it was made.
+func TestTerminalsChangedKeepsAnEmptyList(t *testing.T) {
+	for _, list := range [][]TerminalInfo{nil, {}, make([]TerminalInfo, 0, 4)} {
+		b, err := json.Marshal(Action{Type: "root/terminalsChanged", Terminals: list})
+		if err != nil || !strings.Contains(string(b), `"terminals":[]`) {
+			t.Errorf("%#v: %s, %v", list, b, err)
 		}
 	}
 }

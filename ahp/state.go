@@ -159,7 +159,7 @@ func (a Action) MarshalJSON() ([]byte, error) {
 			extra = map[string]any{"data": ""}
 		}
 	case "root/terminalsChanged":
-		if a.Terminals == nil {
+		if len(a.Terminals) == 0 {
 			extra = map[string]any{"terminals": []TerminalInfo{}}
 		}
 	case "terminal/titleChanged":
