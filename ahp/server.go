@@ -209,20 +209,30 @@ func NewToken() (string, error) {
 }
 
 // TokenFile is where the token of a server listening on addr goes unless
-// its user names a file: in the user's cache directory, named by the
-// port, so that instances on two ports do not overwrite each other's.
+// its user names a file: in TokenDir, named by the port, so that
+// instances on two ports do not overwrite each other's.
 func TokenFile(addr net.Addr) (string, error) {
+	dir, err := TokenDir()
+	if err != nil {
+		return "", err
+	}
+	port := 0
+	if t, ok := addr.(*net.TCPAddr); ok {
+		port = t.Port
+	}
+	return filepath.Join(dir, fmt.Sprintf("ahp-token-%d", port)), nil
+}
+
+// TokenDir is the directory of TokenFile: sandboxd's in the user's cache
+// directory.
+func TokenDir() (string, error) {
 	dir, err := os.UserCacheDir()
 	if err != nil {
 		// No shared fallback such as /tmp: another user could read or
 		// swap the token there.
 		return "", fmt.Errorf("no place for the AHP token (%v): name a token file", err)
 	}
-	port := 0
-	if t, ok := addr.(*net.TCPAddr); ok {
-		port = t.Port
-	}
-	return filepath.Join(dir, "sandboxd", fmt.Sprintf("ahp-token-%d", port)), nil
+	return filepath.Join(dir, "sandboxd"), nil
 }
 
 // CheckMaxContent refuses a bound on a terminal's content (Config.MaxContent)

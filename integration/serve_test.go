@@ -381,33 +381,42 @@ func TestSymlinkInWorkspaceReachesNoHostDirectory(t *testing.T) {
 }
 
 // TestFilesystemsBelowTheWorkspaceStayOut: a filesystem mounted inside
-// the workspace on the host (a chroot's /proc, say) was never checked, so
-// the container sees only the directory it is mounted on. Mounting takes
-// root, which CI has.
+// the workspace, or inside a writable grant of session.mounts, on the
+// host (a chroot's /proc, say) was never checked, so the container sees
+// only the directory it is mounted on. Mounting takes root, which CI has.
 func TestFilesystemsBelowTheWorkspaceStayOut(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("mounting a filesystem below the workspace takes root")
 	}
-	ws := workspace(t)
-	below := subdir(t, ws, "proc")
-	if out, err := exec.Command("mount", "-t", "proc", "proc", below).CombinedOutput(); err != nil {
-		t.Fatalf("mount proc at %s: %v: %s", below, err, out)
+	ws, grant := workspace(t), workspace(t)
+	var below []string // as the container shows them
+	for _, dir := range []string{ws, grant} {
+		p := subdir(t, dir, "proc")
+		if out, err := exec.Command("mount", "-t", "proc", "proc", p).CombinedOutput(); err != nil {
+			t.Fatalf("mount proc at %s: %v: %s", p, err, out)
+		}
+		t.Cleanup(func() { exec.Command("umount", "-l", p).Run() })
 	}
-	t.Cleanup(func() { exec.Command("umount", "-l", below).Run() })
-	srv := startServe(t, ws)
+	below = []string{filepath.Join(ws, "proc"), "/data/proc"}
+	srv := startServeWithConfig(t, ws, fmt.Sprintf("[[session.mounts]]\nsource = %q\ntarget = \"/data\"\nmode = \"rw\"\n", grant))
 	a := srv.agent()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if out, st := sh(t, ctx, a, "s", "ls -A "+below+"; echo listed"); out != "listed\n" {
-		t.Errorf("the host's /proc mounted below the workspace shows in the container: %q (%s)", out, exitCode(st))
+	for _, p := range below {
+		if out, st := sh(t, ctx, a, "s", "ls -A "+p+"; echo listed"); out != "listed\n" {
+			t.Errorf("the host's /proc mounted below %s shows in the container: %q (%s)", filepath.Dir(p), out, exitCode(st))
+		}
+		// Nor can a command detach the host's mount by removing or
+		// moving the directory it is on.
+		if out, st := sh(t, ctx, a, "s", "{ rmdir "+p+" && echo removed; mv "+p+" "+p+"-moved && echo moved; } 2>/dev/null; echo tried"); out != "tried\n" {
+			t.Errorf("rmdir and mv of the mount point %s: %q (%s)", p, out, exitCode(st))
+		}
 	}
-	// Nor can a command detach the host's mount by removing or moving
-	// the directory it is on.
-	if out, st := sh(t, ctx, a, "s", "{ rmdir "+below+" && echo removed; mv "+below+" "+below+"-moved && echo moved; } 2>/dev/null; echo tried"); out != "tried\n" {
-		t.Errorf("rmdir and mv of the mount point: %q (%s)", out, exitCode(st))
-	}
-	if info, err := os.ReadFile("/proc/self/mountinfo"); err != nil || !strings.Contains(string(info), " "+below+" ") {
-		t.Errorf("the host's mount at %s is gone", below)
+	info, err := os.ReadFile("/proc/self/mountinfo")
+	for _, p := range []string{filepath.Join(ws, "proc"), filepath.Join(grant, "proc")} {
+		if err != nil || !strings.Contains(string(info), " "+p+" ") {
+			t.Errorf("the host's mount at %s is gone", p)
+		}
 	}
 }
 

@@ -25,6 +25,11 @@ const (
 	minPids = 8
 )
 
+// MaxPids is the largest pids limit the kernel takes (PID_MAX_LIMIT, 2^22
+// on 64-bit machines): pids.max refuses more, and the Engine with it, at
+// every container start.
+const MaxPids = 1 << 22
+
 // Limits are the resource limits of one container. A zero field means the
 // field is not set: LinuxResources leaves it out, and Validate rejects it.
 type Limits struct {
@@ -51,6 +56,8 @@ func (l Limits) Validate(hostCPUs int) error {
 		return fmt.Errorf("memory %s is below Docker's minimum of %s", FormatBytes(l.Memory), FormatBytes(minMemory))
 	case l.Pids < minPids:
 		return fmt.Errorf("pids %d is below the minimum of %d", l.Pids, minPids)
+	case l.Pids > MaxPids:
+		return fmt.Errorf("pids %d is above the kernel's maximum of %d", l.Pids, MaxPids)
 	}
 	return nil
 }

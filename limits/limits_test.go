@@ -43,7 +43,7 @@ func TestValidate(t *testing.T) {
 		{Limits{CPUs: 1, Memory: 1 << 30, Pids: 512}, 4},
 		{Limits{CPUs: 4, Memory: 1 << 30, Pids: 512}, 4},
 		{Limits{CPUs: 0.01, Memory: 6 << 20, Pids: 8}, 1},
-		{Limits{CPUs: 1.5, Memory: math.MaxInt64, Pids: math.MaxInt64}, 2},
+		{Limits{CPUs: 1.5, Memory: math.MaxInt64, Pids: MaxPids}, 2},
 		{Limits{CPUs: 64, Memory: 1 << 30, Pids: 512}, 0}, // host CPUs unknown
 	}
 	for _, tt := range tests {
@@ -76,6 +76,8 @@ func TestValidateErrors(t *testing.T) {
 		{"zero pids", Limits{CPUs: 1, Memory: 1 << 30}, 4, "pids", []string{"pids 0 ", "minimum of 8"}},
 		{"negative pids", Limits{CPUs: 1, Memory: 1 << 30, Pids: -1}, 4, "pids", []string{"pids -1 ", "minimum of 8"}},
 		{"pids below minimum", Limits{CPUs: 1, Memory: 1 << 30, Pids: 7}, 4, "pids", []string{"pids 7 ", "minimum of 8"}},
+		{"pids above the kernel's maximum", Limits{CPUs: 1, Memory: 1 << 30, Pids: MaxPids + 1}, 4, "pids", []string{"pids 4194305 ", "kernel's maximum of 4194304"}},
+		{"pids far above the kernel's maximum", Limits{CPUs: 1, Memory: 1 << 30, Pids: math.MaxInt64}, 4, "pids", []string{"9223372036854775807", "4194304"}},
 		{"zero value", Limits{}, 4, "cpus", nil},
 	}
 	if err := ok.Validate(4); err != nil {

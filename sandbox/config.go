@@ -22,6 +22,27 @@ type Config struct {
 	Session  SessionConfig  `toml:"session"`
 	Terminal TerminalConfig `toml:"terminal"`
 	Server   ServerConfig   `toml:"server"`
+	// Private are the host paths of sandboxd's own endpoints (its socket,
+	// the AHP token file) that no container may see: a unix socket can be
+	// connected to even through a read-only mount, and the token lets a
+	// command drive the terminals of every session. A session directory
+	// or a session.mounts source that is or holds one is refused. They
+	// need not exist yet; a relative one is taken from the working
+	// directory. Set by the command line, never by sandbox.toml.
+	Private []string `toml:"-"`
+}
+
+// ServedWorkspace returns the workspace of requests that name none:
+// session.workspace, or else the directory sandboxd runs in.
+func (c Config) ServedWorkspace() (string, error) {
+	if c.Session.Workspace != "" {
+		return c.Session.Workspace, nil
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("workspace: %w", err)
+	}
+	return wd, nil
 }
 
 // SessionConfig describes the container every session gets.
@@ -302,6 +323,10 @@ var tomlErrPos = regexp.MustCompile(`^toml: line (\d+) \(last key "([^"]*)"\): (
 
 var uidGID = regexp.MustCompile(`^[0-9]+:[0-9]+$`)
 
+// maxUserID is the largest uid or gid the engine runs a process as (it
+// refuses more, at every container start or exec).
+const maxUserID = math.MaxInt32
+
 func (c Config) validate(file, text string, hostCPUs int) error {
 	bad := func(key string, format string, args ...any) error {
 		return &ConfigError{File: file, Line: keyLine(text, key), Key: key, Err: fmt.Errorf(format, args...)}
@@ -315,6 +340,17 @@ func (c Config) validate(file, text string, hostCPUs int) error {
 	}
 	if err := s.MaxLimits().Validate(hostCPUs); err != nil {
 		return bad("session.max."+limitField(err), "%v", err)
+	}
+	// A kill lends the container killHeadroom pids above its limit
+	// (lendPids), and the kernel takes no pids.max above limits.MaxPids:
+	// a limit nearer than that would fail every kill of a fork bomb.
+	for _, k := range []struct {
+		key  string
+		pids Pids
+	}{{"session.pids", s.Pids}, {"session.max.pids", s.Max.Pids}} {
+		if int64(k.pids) > limits.MaxPids-killHeadroom {
+			return bad(k.key, "%d is above %d: the kernel takes a pids limit of at most %d, and a kill borrows %d above it", k.pids, limits.MaxPids-killHeadroom, limits.MaxPids, killHeadroom)
+		}
 	}
 	if err := s.Limits().Within(s.MaxLimits()); err != nil {
 		// Blamed on what the file set: the default, or else the maximum
@@ -336,10 +372,10 @@ func (c Config) validate(file, text string, hostCPUs int) error {
 			return bad(key.name, "%q must be written as uid:gid, e.g. \"1000:1000\"", key.v)
 		}
 		uid, gid, _ := strings.Cut(key.v, ":")
-		u, uerr := strconv.ParseUint(uid, 10, 32)
-		g, gerr := strconv.ParseUint(gid, 10, 32)
-		if uerr != nil || gerr != nil {
-			return bad(key.name, "%q: uid and gid must each be below 2^32", key.v)
+		u, uerr := strconv.ParseUint(uid, 10, 64)
+		g, gerr := strconv.ParseUint(gid, 10, 64)
+		if uerr != nil || gerr != nil || u > maxUserID || g > maxUserID {
+			return bad(key.name, "%q: uid and gid must each be at most %d (2^31-1), the largest the Docker Engine runs a process as", key.v, maxUserID)
 		}
 		// Checked as a number: "00:0" is root too.
 		if u == 0 {
@@ -389,20 +425,14 @@ func (c Config) validate(file, text string, hostCPUs int) error {
 const maxKillGrace = 5 * time.Minute
 
 // validateScratch refuses scratch paths the engine would mount twice, or
-// over what the container itself needs (/, and the /proc, /sys and /dev
-// the engine provides).
+// that checkContainerPath refuses.
 func validateScratch(paths []string) error {
 	seen := make(map[string]string, len(paths))
 	for _, p := range paths {
+		if err := checkContainerPath(p); err != nil {
+			return err
+		}
 		clean := filepath.Clean(p)
-		if !filepath.IsAbs(p) || clean == "/" {
-			return fmt.Errorf("%q must be an absolute path other than /", p)
-		}
-		for _, sys := range []string{"/proc", "/sys", "/dev"} {
-			if Within(sys, clean) {
-				return fmt.Errorf("%q is under %s, which the engine provides", p, sys)
-			}
-		}
 		if first, ok := seen[clean]; ok {
 			return fmt.Errorf("%q and %q are the same path", first, p)
 		}
@@ -411,17 +441,18 @@ func validateScratch(paths []string) error {
 	return nil
 }
 
-// validateMounts refuses mounts that are not absolute, would hide the
-// container's root, or land on a scratch path's tmpfs.
+// validateMounts refuses mounts whose source is not an absolute path,
+// whose target checkContainerPath refuses, or whose target is a scratch
+// path's tmpfs.
 func validateMounts(mounts []Mount, scratch []string) error {
 	for _, m := range mounts {
-		if !filepath.IsAbs(m.Source) || !filepath.IsAbs(m.Target) {
-			return fmt.Errorf("source and target must be absolute paths, got %q -> %q", m.Source, m.Target)
+		if !filepath.IsAbs(m.Source) || strings.ContainsRune(m.Source, 0) {
+			return fmt.Errorf("source %q must be an absolute path (without a NUL byte)", m.Source)
+		}
+		if err := checkContainerPath(m.Target); err != nil {
+			return fmt.Errorf("target of %q: %w", m.Source, err)
 		}
 		target := filepath.Clean(m.Target)
-		if target == "/" {
-			return fmt.Errorf("target of %q must not be /, the container's root", m.Source)
-		}
 		for _, p := range scratch {
 			if filepath.Clean(p) == target {
 				return fmt.Errorf("target %q is also a scratch path (session.scratch): drop it from one of them", m.Target)
@@ -429,6 +460,31 @@ func validateMounts(mounts []Mount, scratch []string) error {
 		}
 		if m.Mode != "ro" && m.Mode != "rw" && m.Mode != "" {
 			return fmt.Errorf("mode %q must be \"rw\" or \"ro\"", m.Mode)
+		}
+	}
+	return nil
+}
+
+// checkContainerPath refuses a place in the container where sandboxd
+// would mount something (a scratch tmpfs, a granted mount) that the
+// engine would refuse at every start, or that would hide what the
+// container itself needs: a relative path, one with a NUL byte (no path
+// has one), the container's root, and the /proc, /sys and /dev the
+// engine provides.
+func checkContainerPath(p string) error {
+	if strings.ContainsRune(p, 0) {
+		return fmt.Errorf("%q holds a NUL byte, which no path can", p)
+	}
+	if !filepath.IsAbs(p) {
+		return fmt.Errorf("%q must be an absolute path", p)
+	}
+	clean := filepath.Clean(p)
+	if clean == "/" {
+		return fmt.Errorf("%q must not be /, the container's root", p)
+	}
+	for _, sys := range []string{"/proc", "/sys", "/dev"} {
+		if Within(sys, clean) {
+			return fmt.Errorf("%q is under %s, which the engine provides", p, sys)
 		}
 	}
 	return nil

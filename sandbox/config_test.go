@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moby/moby/api/types/mount"
+
 	"github.com/sandboxd/sandboxd"
 )
 
@@ -85,6 +87,23 @@ func TestConfigOverridesAndErrors(t *testing.T) {
 		{name: "root user with leading zeros", text: "[session]\nuser = \"00:0\"\n", hostCPU: 2, wantErr: ":2: session.user"},
 		{name: "root fallback user", text: "[session]\nfallback_user = \"000:1000\"\n", hostCPU: 2, wantErr: ":2: session.fallback_user"},
 		{name: "uid beyond 32 bits", text: "[session]\nuser = \"4294967296:1000\"\n", hostCPU: 2, wantErr: ":2: session.user"},
+		{name: "uid beyond what the engine takes", text: "[session]\nuser = \"2147483648:1000\"\n", hostCPU: 2, wantErr: ":2: session.user", msg: "at most 2147483647"},
+		{name: "fallback gid beyond what the engine takes", text: "[session]\nfallback_user = \"65534:4294967294\"\n", hostCPU: 2, wantErr: ":2: session.fallback_user", msg: "at most 2147483647"},
+		{name: "the largest uid and gid the engine takes", text: "[session]\nuser = \"2147483647:2147483647\"\n", hostCPU: 2,
+			check: func(t *testing.T, c Config) {
+				if c.Session.User != "2147483647:2147483647" {
+					t.Errorf("user = %q", c.Session.User)
+				}
+			}},
+		{name: "pids above the kernel's maximum", text: "[session]\npids = 4194305\n[session.max]\npids = 4194305\n", hostCPU: 2, wantErr: ":2: session.pids", msg: "kernel's maximum of 4194304"},
+		{name: "max pids leaving no room for a kill", text: "[session.max]\npids = 4194304\n", hostCPU: 2, wantErr: ":2: session.max.pids", msg: "a kill borrows 16"},
+		{name: "pids leaving no room for a kill", text: "[session]\npids = 4194289\n[session.max]\npids = 4194289\n", hostCPU: 2, wantErr: ":2: session.pids", msg: "above 4194288"},
+		{name: "the most pids a kill can borrow above", text: "[session]\npids = 4194288\n[session.max]\npids = 4194288\n", hostCPU: 2,
+			check: func(t *testing.T, c Config) {
+				if c.Session.Pids != 4194288 || c.Session.Max.Pids != 4194288 {
+					t.Errorf("pids %d, max %d", c.Session.Pids, c.Session.Max.Pids)
+				}
+			}},
 		{name: "user with leading zeros", text: "[session]\nuser = \"01000:1000\"\n", hostCPU: 2,
 			check: func(t *testing.T, c Config) {
 				if c.Session.User != "01000:1000" {
@@ -123,6 +142,19 @@ func TestConfigOverridesAndErrors(t *testing.T) {
 				}
 			}},
 		{name: "mount at root", text: "[session]\nmounts = [{ source = \"/opt\", target = \"/\" }]\n", hostCPU: 2, wantErr: ":2: session.mounts", msg: "must not be /"},
+		{name: "mount at proc", text: "[session]\nmounts = [{ source = \"/opt\", target = \"/proc\" }]\n", hostCPU: 2, wantErr: ":2: session.mounts", msg: "under /proc"},
+		{name: "mount in sys", text: "[session]\nmounts = [{ source = \"/opt\", target = \"/sys/fs/x\" }]\n", hostCPU: 2, wantErr: ":2: session.mounts", msg: "under /sys"},
+		{name: "mount in dev", text: "[session]\nmounts = [{ source = \"/opt\", target = \"/dev/shm/\" }]\n", hostCPU: 2, wantErr: ":2: session.mounts", msg: "under /dev"},
+		{name: "mount target with a NUL byte", text: "[session]\nmounts = [{ source = \"/opt\", target = \"/opt/a\\u0000b\" }]\n", hostCPU: 2, wantErr: ":2: session.mounts", msg: "NUL byte"},
+		{name: "mount source with a NUL byte", text: "[session]\nmounts = [{ source = \"/opt\\u0000\", target = \"/opt\" }]\n", hostCPU: 2, wantErr: ":2: session.mounts", msg: "NUL byte"},
+		{name: "relative mount target", text: "[session]\nmounts = [{ source = \"/opt\", target = \"opt\" }]\n", hostCPU: 2, wantErr: ":2: session.mounts", msg: "absolute"},
+		{name: "scratch with a NUL byte", text: "[session]\nscratch = [\"/tmp\\u0000\"]\n", hostCPU: 2, wantErr: ":2: session.scratch", msg: "NUL byte"},
+		{name: "mount next to proc", text: "[session]\nmounts = [{ source = \"/opt\", target = \"/procfs\" }]\n", hostCPU: 2,
+			check: func(t *testing.T, c Config) {
+				if got := c.Session.Mounts[0].Target; got != "/procfs" {
+					t.Errorf("target = %q", got)
+				}
+			}},
 		{name: "mount on a scratch path", text: "[session]\nmounts = [{ source = \"/opt\", target = \"/tmp/\" }]\n", hostCPU: 2, wantErr: ":2: session.mounts", msg: "also a scratch path"},
 		{name: "mount below a scratch path", text: "[session]\nmounts = [{ source = \"/opt/tools\", target = \"/home/tools/\", mode = \"ro\" }]\n", hostCPU: 2,
 			check: func(t *testing.T, c Config) {
@@ -296,7 +328,7 @@ func TestCheckMountSource(t *testing.T) {
 		{filepath.Join(dir, "missing"), "no such file"},
 	}
 	for _, tc := range tests {
-		_, err := checkMountSource(tc.dir, sock)
+		_, err := checkMountSource(tc.dir, sock, nil)
 		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
 			t.Errorf("checkMountSource(%q) = %v, want %q", tc.dir, err, tc.want)
 		}
@@ -311,7 +343,7 @@ func TestCheckMountSourceAllowsRemovableMedia(t *testing.T) {
 		t.Skipf("cannot make a directory in /run here: %v", err)
 	}
 	defer os.RemoveAll(media)
-	if _, err := checkMountSource(media, ""); err == nil || !strings.Contains(err.Error(), "the host's /run") {
+	if _, err := checkMountSource(media, "", nil); err == nil || !strings.Contains(err.Error(), "the host's /run") {
 		t.Errorf("%s: err = %v, want it refused", media, err)
 	}
 	if _, err := os.Stat("/run/media"); os.IsNotExist(err) {
@@ -325,10 +357,10 @@ func TestCheckMountSourceAllowsRemovableMedia(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(project)
-	if _, err := checkMountSource(project, ""); err != nil {
+	if _, err := checkMountSource(project, "", nil); err != nil {
 		t.Errorf("%s: %v, want it allowed", project, err)
 	}
-	if _, err := checkMountSource("/run/media", ""); err == nil {
+	if _, err := checkMountSource("/run/media", "", nil); err == nil {
 		t.Error("/run/media itself allowed")
 	}
 }
@@ -464,6 +496,9 @@ func TestSessionUser(t *testing.T) {
 		{"the workspace's owner", "", &syscall.Stat_t{Uid: 1001, Gid: 1002}, "1001:1002"},
 		{"root owns the workspace", "", &syscall.Stat_t{Uid: 0, Gid: 0}, "65534:65534"},
 		{"root's group owns it", "", &syscall.Stat_t{Uid: 1001, Gid: 0}, "1001:65534"},
+		{"an owner the engine cannot run as", "", &syscall.Stat_t{Uid: 4294967294, Gid: 1001}, "65534:65534"},
+		{"a group the engine cannot run as", "", &syscall.Stat_t{Uid: 1001, Gid: 2147483648}, "1001:65534"},
+		{"the largest owner the engine takes", "", &syscall.Stat_t{Uid: 2147483647, Gid: 2147483647}, "2147483647:2147483647"},
 		{"no workspace", "", nil, "65534:65534"},
 	}
 	for _, tc := range tests {
@@ -667,7 +702,7 @@ func TestGitMetadataOfDoesNotWaitOnAFIFO(t *testing.T) {
 func TestCoverHostMounts(t *testing.T) {
 	binds := []bind{{"/real/w", "/w"}, {"/real/w/data", "/w/data"}, {"/x", "/x"}}
 	points := []string{"/", "/real", "/real/w", "/real/w/proc", "/real/w/proc/sys", "/real/w/data", "/real/w/data/usb", "/real/w/a b", "/elsewhere", "/x", "/real/w/proc"}
-	hosts, covers := coverHostMounts(binds, points)
+	hosts, covers := coverHostMounts(binds, nil, points)
 	// Each once, also when listed twice (stacked mounts).
 	if want := []string{"/real/w/a b", "/real/w/proc", "/real/w/data/usb"}; !slices.Equal(hosts, want) {
 		t.Errorf("covered %q, want %q", hosts, want)
@@ -685,7 +720,7 @@ func TestCoverHostMounts(t *testing.T) {
 	// A workspace named through a link: what lies below its source is
 	// covered at the name the container knows, even where another bind
 	// mounts the same source under its real name.
-	_, covers = coverHostMounts([]bind{{"/real/w", "/alias"}, {"/real/w/m", "/real/w/m"}}, []string{"/real/w", "/real/w/m"})
+	_, covers = coverHostMounts([]bind{{"/real/w", "/alias"}, {"/real/w/m", "/real/w/m"}}, nil, []string{"/real/w", "/real/w/m"})
 	if len(covers) != 1 || covers[0].Target != "/alias/m" {
 		t.Errorf("covers of a workspace through a link: %+v, want one at /alias/m", covers)
 	}
@@ -756,5 +791,141 @@ func TestSubmodulesAreBounded(t *testing.T) {
 	}
 	if _, err := submoduleWorktrees(deep); !errors.Is(err, ErrInvalid) {
 		t.Errorf("submoduleWorktrees %d levels deep: %v, want ErrInvalid", maxModuleDepth+2, err)
+	}
+}
+
+// TestCoverHostMountsOfGrants: a host filesystem below a granted source
+// is covered like one below the workspace, whatever the grant's mode; a
+// place where another mount shows its own is not.
+func TestCoverHostMountsOfGrants(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		binds   []bind
+		granted []Mount
+		points  []string
+		want    []string // cover targets
+	}{
+		{name: "below a writable grant", binds: []bind{{"/real/w", "/w"}},
+			granted: []Mount{{Source: "/srv/data", Target: "/data", Mode: "rw"}},
+			points:  []string{"/", "/srv/data/nfs"}, want: []string{"/data/nfs"}},
+		{name: "below a read-only grant", binds: []bind{{"/real/w", "/w"}},
+			granted: []Mount{{Source: "/srv/data", Target: "/data", Mode: "ro"}},
+			points:  []string{"/srv/data/nfs", "/srv/data/nfs/deeper"}, want: []string{"/data/nfs"}},
+		{name: "a grant that is a host mount itself", binds: []bind{{"/real/w", "/w"}},
+			granted: []Mount{{Source: "/srv/data", Target: "/data"}},
+			points:  []string{"/srv/data"}, want: nil},
+		{name: "a grant over a host mount in the workspace", binds: []bind{{"/real/w", "/w"}},
+			granted: []Mount{{Source: "/opt/tools", Target: "/w/tools", Mode: "ro"}},
+			points:  []string{"/real/w/tools", "/real/w/other"}, want: []string{"/w/other"}},
+		{name: "a grant above a host mount in the workspace", binds: []bind{{"/real/w", "/w"}},
+			granted: []Mount{{Source: "/opt/tools", Target: "/w/tools"}},
+			points:  []string{"/real/w/tools/nfs", "/opt/tools/usb"}, want: []string{"/w/tools/usb"}},
+		{name: "the workspace on a grant's host mount", binds: []bind{{"/mnt/usb", "/mnt/usb"}},
+			granted: []Mount{{Source: "/mnt", Target: "/mnt", Mode: "ro"}},
+			points:  []string{"/mnt/usb"}, want: nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			binds := slices.Clone(tc.binds)
+			_, covers := coverHostMounts(binds, tc.granted, tc.points)
+			var targets []string
+			for _, c := range covers {
+				if !c.ReadOnly || c.Type != "tmpfs" {
+					t.Errorf("cover %+v is not a read-only tmpfs", c)
+				}
+				targets = append(targets, c.Target)
+			}
+			if !slices.Equal(targets, tc.want) {
+				t.Errorf("cover targets %q, want %q", targets, tc.want)
+			}
+			if !slices.Equal(binds, tc.binds) {
+				t.Errorf("binds changed to %v", binds)
+			}
+		})
+	}
+}
+
+func TestDistinctTargets(t *testing.T) {
+	cover := func(target string) mount.Mount {
+		return mount.Mount{Type: mount.TypeTmpfs, Target: target, ReadOnly: true}
+	}
+	for _, tc := range []struct {
+		name   string
+		mounts []mount.Mount
+		err    string // "" passes
+	}{
+		{name: "apart", mounts: []mount.Mount{bindMount("/w", "/w", "rw"), cover("/w/nfs"), bindMount("/srv", "/data", "ro"), cover("/data/nfs")}},
+		{name: "next to a cover", mounts: []mount.Mount{cover("/mnt/usb"), bindMount("/mnt/usbx", "/mnt/usbx", "rw")}},
+		{name: "two at one place", mounts: []mount.Mount{bindMount("/w", "/w", "rw"), bindMount("/srv", "/w", "ro")}, err: `two mounts at "/w"`},
+		{name: "a workspace below a cover", mounts: []mount.Mount{bindMount("/mnt", "/mnt", "ro"), cover("/mnt/usb"), bindMount("/mnt/usb/p", "/mnt/usb/p", "rw")},
+			err: `"/mnt/usb/p" lies below "/mnt/usb"`},
+		{name: "a grant below a cover", mounts: []mount.Mount{bindMount("/w", "/w", "rw"), cover("/w/nfs"), bindMount("/opt", "/w/nfs/opt", "ro")},
+			err: `"/w/nfs/opt" lies below "/w/nfs"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := distinctTargets(tc.mounts)
+			if tc.err == "" && err != nil || tc.err != "" && (!errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.err)) {
+				t.Errorf("distinctTargets = %v, want %q", err, tc.err)
+			}
+		})
+	}
+}
+
+// TestCheckMountSourceRefusesPrivate: a session directory that holds one
+// of sandboxd's own endpoints is refused, the endpoint named as the host
+// resolves it, also before it exists and when it is a link.
+func TestCheckMountSourceRefusesPrivate(t *testing.T) {
+	dir, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mk := func(p string) string {
+		p = filepath.Join(dir, p)
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	served, other, cache := mk("served"), mk("other"), mk("cache")
+	mk("served/sub")
+	if err := os.Symlink(served, filepath.Join(dir, "alias")); err != nil {
+		t.Fatal(err)
+	}
+	token := filepath.Join(served, "sub", "token")
+	if err := os.WriteFile(token, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(token, filepath.Join(cache, "token-link")); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(dir)
+	for _, tc := range []struct {
+		name    string
+		dir     string
+		private []string
+		want    string // "" passes; else the endpoint named
+	}{
+		{"no endpoints", served, nil, ""},
+		{"a socket not made yet", served, []string{filepath.Join(served, "sandboxd.sock")}, filepath.Join(served, "sandboxd.sock")},
+		{"a socket named through a link", served, []string{filepath.Join(dir, "alias", "sandboxd.sock")}, filepath.Join(served, "sandboxd.sock")},
+		{"a relative socket", served, []string{"served/s.sock"}, filepath.Join(served, "s.sock")},
+		{"a token deeper down", served, []string{token}, token},
+		{"a token through a link elsewhere", served, []string{filepath.Join(cache, "token-link")}, token},
+		{"the workspace named through a link", filepath.Join(dir, "alias"), []string{token}, token},
+		{"the endpoint's own directory", filepath.Join(served, "sub"), []string{token}, token},
+		{"elsewhere", other, []string{token, filepath.Join(served, "sandboxd.sock"), filepath.Join(cache, "token-link")}, ""},
+		{"a name that only starts alike", other, []string{other + "x/sock"}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := checkMountSource(tc.dir, "", tc.private)
+			if tc.want == "" {
+				if err != nil {
+					t.Errorf("checkMountSource = %v, want it allowed", err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "holds "+tc.want+", an endpoint of sandboxd's own") {
+				t.Errorf("checkMountSource = %v, want ErrInvalid naming %s", err, tc.want)
+			}
+		})
 	}
 }

@@ -88,6 +88,9 @@ func (m *Manager) releaseOutput(n int) {
 // NewManager connects sandboxd to the engine: it takes an instance lock,
 // removes what dead instances left behind, and reads the engine's CPU count.
 func NewManager(ctx context.Context, cli *client.Client, cfg Config, log *slog.Logger) (*Manager, error) {
+	if err := cfg.checkPrivate(); err != nil {
+		return nil, err
+	}
 	info, err := cli.Info(ctx, client.InfoOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("connect to engine: %w", EngineError(err))
@@ -125,6 +128,33 @@ func NewManager(ctx context.Context, cli *client.Client, cfg Config, log *slog.L
 		go m.reapIdle(d)
 	}
 	return m, nil
+}
+
+// checkPrivate refuses a configuration whose served workspace or a
+// granted mount source is or holds one of sandboxd's own endpoints
+// (Private): every session there would be refused, or would see it. A
+// path that does not resolve is left to a session's start to report.
+func (c Config) checkPrivate() error {
+	if len(c.Private) == 0 {
+		return nil
+	}
+	ws, err := c.ServedWorkspace()
+	if err != nil {
+		return err
+	}
+	if real, err := filepath.EvalSymlinks(ws); err == nil {
+		if p := privateIn(real, c.Private); p != "" {
+			return fmt.Errorf("workspace %s holds %s, %s", ws, p, privateWhy)
+		}
+	}
+	for _, mt := range c.Session.Mounts {
+		if real, err := filepath.EvalSymlinks(mt.Source); err == nil {
+			if p := privateIn(real, c.Private); p != "" {
+				return fmt.Errorf("session.mounts: source %s is or holds %s, %s", mt.Source, p, privateWhy)
+			}
+		}
+	}
+	return nil
 }
 
 // tiniInit reports whether the engine's init binary, as its info names it,

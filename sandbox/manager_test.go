@@ -5,8 +5,13 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/moby/moby/client"
 )
 
 // readyManager is a manager with no engine, holding sessions that are
@@ -187,5 +192,111 @@ func TestTiniInit(t *testing.T) {
 		if got := tiniInit(tc.binary); got != tc.want {
 			t.Errorf("tiniInit(%q) = %v, want %v", tc.binary, got, tc.want)
 		}
+	}
+}
+
+func TestServedWorkspace(t *testing.T) {
+	wd := t.TempDir()
+	t.Chdir(wd)
+	for _, tc := range []struct {
+		configured, want string
+	}{
+		{"/srv/project", "/srv/project"},
+		{"", wd},
+	} {
+		var cfg Config
+		cfg.Session.Workspace = tc.configured
+		if got, err := cfg.ServedWorkspace(); err != nil || got != tc.want {
+			t.Errorf("ServedWorkspace with workspace %q = %q, %v; want %q", tc.configured, got, err, tc.want)
+		}
+	}
+}
+
+// TestCheckPrivate: a served workspace or granted mount source that holds
+// one of sandboxd's own endpoints fails the start, before any session is
+// refused for it.
+func TestCheckPrivate(t *testing.T) {
+	dir, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	served, tools := filepath.Join(dir, "served"), filepath.Join(dir, "tools")
+	for _, d := range []string{served, tools} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sock, token := filepath.Join(served, "sandboxd.sock"), filepath.Join(tools, "ahp-token")
+	if err := os.WriteFile(token, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(served)
+	for _, tc := range []struct {
+		name      string
+		workspace string
+		mounts    []Mount
+		private   []string
+		want      string // "" passes
+	}{
+		{name: "none private", workspace: served},
+		{name: "elsewhere", workspace: served, mounts: []Mount{{Source: tools, Target: "/tools"}}, private: []string{filepath.Join(dir, "sock")}},
+		{name: "the configured workspace", workspace: served, private: []string{sock}, want: "workspace " + served + " holds " + sock},
+		{name: "the working directory", private: []string{sock}, want: "workspace " + served + " holds " + sock},
+		{name: "a granted source", workspace: dir + "/missing", mounts: []Mount{{Source: tools, Target: "/tools", Mode: "ro"}}, private: []string{token},
+			want: "session.mounts: source " + tools + " is or holds " + token},
+		{name: "a granted file", workspace: served, mounts: []Mount{{Source: token, Target: "/t"}}, private: []string{token},
+			want: "session.mounts: source " + token + " is or holds " + token},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var cfg Config
+			cfg.Session.Workspace, cfg.Session.Mounts, cfg.Private = tc.workspace, tc.mounts, tc.private
+			err := cfg.checkPrivate()
+			if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+				t.Errorf("checkPrivate = %v, want %q", err, tc.want)
+			}
+		})
+	}
+	// NewManager checks before it reaches for the engine, here none.
+	cli, err := client.New(client.WithHost("unix://" + filepath.Join(dir, "no-engine.sock")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	var cfg Config
+	cfg.Private = []string{sock}
+	if _, err := NewManager(context.Background(), cli, cfg, slog.New(slog.NewTextHandler(io.Discard, nil))); err == nil || !strings.Contains(err.Error(), "holds "+sock) {
+		t.Errorf("NewManager = %v, want it to refuse the workspace that holds %s", err, sock)
+	}
+}
+
+// TestGrantedMountsRefusePrivate: a granted source that is or holds one of
+// sandboxd's own endpoints is refused at every session's start.
+func TestGrantedMountsRefusePrivate(t *testing.T) {
+	dir, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := filepath.Join(dir, "token")
+	if err := os.WriteFile(token, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		source string
+		refuse bool
+	}{
+		{"the directory", dir, true},
+		{"the file", token, true},
+		{"elsewhere", t.TempDir(), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := readyManager(t)
+			m.cfg.Session.Mounts = []Mount{{Source: tc.source, Target: "/granted", Mode: "ro"}}
+			m.cfg.Private = []string{token}
+			_, _, err := newSession(m, "k", SessionSpec{ID: "s"}).grantedMounts()
+			if tc.refuse != (err != nil) || tc.refuse && (!errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), token)) {
+				t.Errorf("grantedMounts of %s = %v, want refused: %v", tc.source, err, tc.refuse)
+			}
+		})
 	}
 }

@@ -235,9 +235,10 @@ func checkDir(spec SessionSpec) (string, error) {
 
 // checkMountSource refuses to bind-mount dir when it is, holds or lies in
 // one of the host's kernel and runtime directories, or holds the engine's
-// socket: `cd /run && sandboxd run ...` must not hand the engine to the
-// command. Links are resolved first, as the mount will.
-func checkMountSource(dir, engineSocket string) (real string, err error) {
+// socket or one of sandboxd's own endpoints (private, Config.Private):
+// `cd /run && sandboxd run ...` must not hand the engine to the command.
+// Links are resolved first, as the mount will.
+func checkMountSource(dir, engineSocket string, private []string) (real string, err error) {
 	real, err = filepath.EvalSymlinks(dir)
 	if err != nil {
 		return "", fmt.Errorf("%w: workspace: %v", ErrInvalid, err)
@@ -259,7 +260,49 @@ func checkMountSource(dir, engineSocket string) (real string, err error) {
 			return "", fmt.Errorf("%w: workspace: %.200q holds the Docker Engine's socket %s, which would give commands the engine", ErrInvalid, dir, sock)
 		}
 	}
+	if p := privateIn(real, private); p != "" {
+		return "", fmt.Errorf("%w: workspace: %.200q holds %s, %s", ErrInvalid, dir, p, privateWhy)
+	}
 	return real, nil
+}
+
+// privateWhy says why a mount source that holds one of Config.Private is
+// refused.
+const privateWhy = "an endpoint of sandboxd's own (its socket or the AHP token file), which would let commands drive sandboxd itself; put it outside the directories sandboxes see"
+
+// privateIn returns the first of private (Config.Private) that real, a
+// path with its links resolved, is or holds, as the host resolves it;
+// "" when none.
+func privateIn(real string, private []string) string {
+	for _, p := range private {
+		for _, r := range resolvePrivate(p) {
+			if Within(real, r) {
+				return r
+			}
+		}
+	}
+	return ""
+}
+
+// resolvePrivate names endpoint p as a resolved mount source would show
+// it: its directory with links resolved and its own name, since the
+// socket may not be made yet; and, when p exists and is a link, where the
+// link leads, which is what a command would open.
+func resolvePrivate(p string) []string {
+	if abs, err := filepath.Abs(p); err == nil {
+		p = abs
+	}
+	p = filepath.Clean(p)
+	var names []string
+	if dir, err := filepath.EvalSymlinks(filepath.Dir(p)); err == nil {
+		names = append(names, filepath.Join(dir, filepath.Base(p)))
+	} else {
+		names = append(names, p)
+	}
+	if r, err := filepath.EvalSymlinks(p); err == nil && r != names[0] {
+		names = append(names, r)
+	}
+	return names
 }
 
 // mountCheck is a mount source as checked on the host, for verifyMounts.
@@ -359,15 +402,27 @@ func (s *Session) verifyMounts(ctx context.Context, checks []mountCheck, covers 
 	return nil
 }
 
-// distinctTargets refuses two mounts at one place, which the engine would
-// refuse with less to say.
+// distinctTargets refuses two mounts at one place, and a mount below a
+// cover of coverHostMounts, an empty read-only tmpfs where the engine
+// cannot make the mount's place: the engine would refuse both with less
+// to say.
 func distinctTargets(mounts []mount.Mount) error {
 	seen := map[string]bool{}
 	for _, m := range mounts {
 		if seen[m.Target] {
-			return fmt.Errorf("%w: two mounts at %q (a session directory, session.mounts, or a filesystem below a session directory)", ErrInvalid, m.Target)
+			return fmt.Errorf("%w: two mounts at %q (a session directory, session.mounts, or a filesystem below one of them)", ErrInvalid, m.Target)
 		}
 		seen[m.Target] = true
+	}
+	for _, c := range mounts {
+		if c.Type != mount.TypeTmpfs {
+			continue
+		}
+		for _, m := range mounts {
+			if m.Target != c.Target && Within(c.Target, m.Target) {
+				return fmt.Errorf("%w: %q lies below %q, where the host has a filesystem of its own that no mount shows (it is covered in the container); grant that filesystem by its own path in session.mounts, or use a directory elsewhere", ErrInvalid, m.Target, c.Target)
+			}
+		}
 	}
 	return nil
 }
@@ -376,18 +431,23 @@ func distinctTargets(mounts []mount.Mount) error {
 const verifyTimeout = 30 * time.Second
 
 // sessionUser picks the uid:gid commands run as: the configured user,
-// else the owner of the workspace (st, as checked), else (root owns it)
-// the fallback user.
+// else the owner of the workspace (st, as checked), else (root owns it,
+// or an id the engine cannot run as) the fallback user.
 func sessionUser(c SessionConfig, st *syscall.Stat_t) string {
 	if c.User != "" {
 		return c.User
 	}
-	if st == nil || st.Uid == 0 {
+	// An owner above maxUserID (such as the 4294967294 some NFS servers
+	// give unknown users) is nobody a command can run as: like root's
+	// workspace, the fallback user's, rather than every session there
+	// refused by the engine at its start.
+	if st == nil || st.Uid == 0 || st.Uid > maxUserID {
 		return c.FallbackUser
 	}
-	if st.Gid == 0 {
+	if st.Gid == 0 || st.Gid > maxUserID {
 		// The owner, but not root's group, which may write what root
-		// owns group-writable: the fallback user's group instead.
+		// owns group-writable (nor one the engine refuses): the fallback
+		// user's group instead.
 		_, g, _ := strings.Cut(c.FallbackUser, ":")
 		return fmt.Sprintf("%d:%s", st.Uid, g)
 	}
@@ -483,6 +543,9 @@ func (s *Session) grantedMounts() ([]Mount, []mountCheck, error) {
 		if err != nil || st.Mode&syscall.S_IFMT == syscall.S_IFLNK {
 			return nil, nil, fmt.Errorf("%w: session.mounts: source %q changed while it was checked", ErrInvalid, mt.Source)
 		}
+		if p := privateIn(real, s.m.cfg.Private); p != "" {
+			return nil, nil, fmt.Errorf("%w: session.mounts: source %q is or holds %s, %s", ErrInvalid, mt.Source, p, privateWhy)
+		}
 		mounts[i].Source = real
 		checks = append(checks, mountCheck{target: mt.Target, dev: uint64(st.Dev), ino: st.Ino, known: s.m.writableByAnother(s, real), mountPoint: true})
 	}
@@ -513,7 +576,7 @@ func (s *Session) start(ctx context.Context) error {
 		if err := m.refusePlantedLinks(s, d); err != nil {
 			return fmt.Errorf("open session %s: %w", s.ID, err)
 		}
-		r, err := checkMountSource(d, m.engineSocket())
+		r, err := checkMountSource(d, m.engineSocket(), m.cfg.Private)
 		if err != nil {
 			return fmt.Errorf("open session %s: %w", s.ID, err)
 		}
@@ -543,19 +606,19 @@ func (s *Session) start(ctx context.Context) error {
 	for i := range checks {
 		checks[i].mountPoint = slices.ContainsFunc(binds, func(b bind) bool { return b.target == checks[i].target })
 	}
-	covered, covers := coverHostMounts(binds, hostMountPoints())
-	protected, gitChecks, err := s.protectGit(real, binds, covered)
-	if err != nil {
-		return fmt.Errorf("open session %s: %w", s.ID, err)
-	}
-	protected = append(covers, protected...)
-	checks = append(checks, gitChecks...)
 	sc := m.cfg.Session
 	var granted []mountCheck
 	if sc.Mounts, granted, err = s.grantedMounts(); err != nil {
 		return fmt.Errorf("open session %s: %w", s.ID, err)
 	}
 	checks = append(checks, granted...)
+	covered, covers := coverHostMounts(binds, sc.Mounts, hostMountPoints())
+	protected, gitChecks, err := s.protectGit(real, binds, covered)
+	if err != nil {
+		return fmt.Errorf("open session %s: %w", s.ID, err)
+	}
+	protected = append(covers, protected...)
+	checks = append(checks, gitChecks...)
 	cfg, hostCfg := containerConfig(sc, spec, binds, protected, user, m.instance.Labels(s.ID))
 	if err := distinctTargets(hostCfg.Mounts); err != nil {
 		return fmt.Errorf("open session %s: %w", s.ID, err)
@@ -1027,17 +1090,26 @@ func readSmallFile(file string, max int) []byte {
 	return b[:n]
 }
 
-// coverHostMounts finds the filesystems mounted on the host below the bind
-// sources (mountPoints, as the host's mountinfo lists them), which the
-// binds, not recursive, do not show, and covers each in the container with
-// an empty read-only tmpfs. Without one the directory there would be a
-// plain directory inside, and a command's rmdir or rename of it would
-// detach the host's own mount. A directory mounted as a session directory
-// of its own is not covered. It returns the host paths covered and the
+// coverHostMounts finds the filesystems mounted on the host below the
+// sources of the binds and of the granted mounts (their links resolved;
+// mountPoints, as the host's mountinfo lists them), which the mounts, not
+// recursive, do not show, and covers each in the container with an empty
+// read-only tmpfs. Without one the directory there would be a plain
+// directory inside, and a command's rmdir or rename of it would detach or
+// move the host's own mount: the kernel refuses that only for a mount
+// point of the container's own table. A granted mount is covered whatever
+// its mode, as the workspace is: what the container shows below a mount
+// does not depend on what may be written there. A place where another
+// mount shows its own (a session directory of its own, a grant inside the
+// workspace) is not covered. It returns the host paths covered and the
 // mounts.
-func coverHostMounts(binds []bind, mountPoints []string) ([]string, []mount.Mount) {
+func coverHostMounts(binds []bind, granted []Mount, mountPoints []string) ([]string, []mount.Mount) {
 	// Stacked mounts list a place more than once: it is covered once.
 	mountPoints = slices.Compact(slices.Sorted(slices.Values(mountPoints)))
+	binds = slices.Clip(binds)
+	for _, mt := range granted {
+		binds = append(binds, bind{source: mt.Source, target: mt.Target})
+	}
 	var hosts []string
 	var covers []mount.Mount
 	for _, b := range binds {
@@ -1054,8 +1126,12 @@ func coverHostMounts(binds []bind, mountPoints []string) ([]string, []mount.Moun
 			}
 			rel, _ := filepath.Rel(b.source, p)
 			target := filepath.Join(b.target, rel)
-			// Mounted there as a session directory of its own.
-			if slices.ContainsFunc(binds, func(o bind) bool { return o.target == target }) {
+			// Another mount at that place or above it, inside b's: the
+			// engine mounts it after b (deeper targets come later), and
+			// the container shows it there, not b's directory.
+			if slices.ContainsFunc(binds, func(o bind) bool {
+				return o.target != b.target && Within(b.target, o.target) && Within(o.target, target)
+			}) {
 				continue
 			}
 			hosts = append(hosts, p)

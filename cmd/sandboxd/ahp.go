@@ -101,3 +101,19 @@ func (a *ahpFlags) tokenPath(addr net.Addr) (string, error) {
 	}
 	return file, nil
 }
+
+// private is where the token will be, for sandbox.Config.Private: the
+// file named, or else the directory of the default ones, since the port
+// is not known before the server listens. None without --ahp-listen.
+func (a *ahpFlags) private() []string {
+	if a.listen == "" {
+		return nil
+	}
+	if a.tokenFile != "" {
+		return []string{a.tokenFile}
+	}
+	if dir, err := ahp.TokenDir(); err == nil {
+		return []string{dir}
+	}
+	return nil // start says there is no place for it
+}

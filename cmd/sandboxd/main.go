@@ -272,12 +272,14 @@ func engineClient() (*client.Client, error) {
 
 // setup loads the configuration, hands it to check (nil: none), which
 // refuses flags it does not allow before anything reaches the engine, and
-// starts the manager with the image in place.
-func (c *common) setup(ctx context.Context, stderr io.Writer, log *slog.Logger, image string, check func(sandbox.Config) error) (*sandbox.Manager, error) {
+// starts the manager with the image in place. private are the places of
+// sandboxd's own endpoints, which no container may see.
+func (c *common) setup(ctx context.Context, stderr io.Writer, log *slog.Logger, image string, private []string, check func(sandbox.Config) error) (*sandbox.Manager, error) {
 	cfg, err := sandbox.LoadConfig(sandboxd.DefaultConfig, c.config, runtime.NumCPU())
 	if err != nil {
 		return nil, err
 	}
+	cfg.Private = private
 	if check != nil {
 		if err := check(cfg); err != nil {
 			return nil, err
@@ -337,12 +339,16 @@ func cmdServe(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 		return err
 	}
 	defer closeLog()
-	m, err := c.setup(ctx, stderr, log, "", nil)
+	private := ah.private()
+	if *listen != "stdio" {
+		private = append(private, strings.TrimPrefix(*listen, "unix:"))
+	}
+	m, err := c.setup(ctx, stderr, log, "", private, nil)
 	if err != nil {
 		return err
 	}
 	defer closeManager(m, log)
-	workspace, err := defaultWorkspace(m.Config())
+	workspace, err := m.Config().ServedWorkspace()
 	if err != nil {
 		return err
 	}
@@ -377,17 +383,6 @@ func cmdServe(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	return acp.ServeListener(ctx, ln, m, workspace, log)
 }
 
-func defaultWorkspace(cfg sandbox.Config) (string, error) {
-	if cfg.Session.Workspace != "" {
-		return cfg.Session.Workspace, nil
-	}
-	wd, err := os.Getwd()
-	if err != nil {
-		return "", fmt.Errorf("workspace: %w", err)
-	}
-	return wd, nil
-}
-
 func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) (int, error) {
 	fs := newFlagSet("run", "run [flags] -- CMD [ARGS...]",
 		"Runs one command in a fresh sandbox with the current directory as its\nworkspace, streams its output and exits with its exit code (128+n for\nsignal n). The container is removed afterwards.", stderr)
@@ -416,7 +411,7 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) (int, 
 		return 0, err
 	}
 	defer closeLog()
-	m, err := c.setup(ctx, stderr, log, spec.Image, func(cfg sandbox.Config) error {
+	m, err := c.setup(ctx, stderr, log, spec.Image, nil, func(cfg sandbox.Config) error {
 		if _, err := sandbox.ValidateSpec(cfg, runtime.NumCPU(), spec); err != nil {
 			return usageError{err}
 		}

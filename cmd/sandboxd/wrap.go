@@ -59,9 +59,9 @@ func cmdWrap(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	}
 	defer closeLog()
 	var workspace string
-	m, err := c.setup(ctx, stderr, log, defaults.Image, func(cfg sandbox.Config) error {
+	m, err := c.setup(ctx, stderr, log, defaults.Image, ah.private(), func(cfg sandbox.Config) error {
 		var err error
-		if workspace, err = defaultWorkspace(cfg); err != nil {
+		if workspace, err = cfg.ServedWorkspace(); err != nil {
 			return err
 		}
 		check := defaults
