@@ -212,15 +212,25 @@ func (t *Terminals) create(ctx context.Context, params json.RawMessage) (any, er
 	// x-deserialize-skip-invalid-items): a value of the wrong type counts
 	// as absent, an item of the wrong shape is left out. What is there is
 	// still checked, by the sandbox.
-	cmd.Args = items[string](f, "args")
+	// Checked here as well, so that a message names an item by its
+	// place in what the peer sent, not among those kept.
+	if cmd.Args, err = items(f, "args", sandbox.CheckString); err != nil {
+		return nil, err
+	}
 	type envVariable struct {
 		Name  *string `json:"name"`
 		Value *string `json:"value"`
 	}
-	for _, e := range items[envVariable](f, "env") {
-		if e.Name != nil && e.Value != nil {
-			cmd.Env = append(cmd.Env, sandbox.EnvVar{Name: *e.Name, Value: *e.Value})
+	_, err = items(f, "env", func(field string, e envVariable) error {
+		if e.Name == nil || e.Value == nil {
+			return nil // no item, as the schema reads it
 		}
+		v := sandbox.EnvVar{Name: *e.Name, Value: *e.Value}
+		cmd.Env = append(cmd.Env, v)
+		return sandbox.CheckEnvVar(field, v)
+	})
+	if err != nil {
+		return nil, err
 	}
 	if err := lenient(f, "cwd", &cwd); err != nil {
 		return nil, err
@@ -240,6 +250,13 @@ func (t *Terminals) create(ctx context.Context, params json.RawMessage) (any, er
 		return nil, err
 	}
 	term, err := s.Start(ctx, cmd)
+	if errors.Is(err, sandbox.ErrNotFound) {
+		// Closed for being idle between the two: it opens again, unless
+		// the peer closed it, which sessionForCreate tells.
+		if s, err = t.sessionForCreate(ctx, sid, cwd); err == nil {
+			term, err = s.Start(ctx, cmd)
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -313,7 +330,14 @@ func (t *Terminals) open(ctx context.Context, sid string, spec sandbox.SessionSp
 	}
 	if err != nil {
 		// A session that fails to open again keeps what it opens with
-		// for the next try; a new one is forgotten.
+		// for the next try; a new one is forgotten. A request asked off
+		// cannot tell (the manager would only answer that it was asked
+		// off) and leaves the entry: another request may be opening the
+		// same session, and one that finds no session behind it opens
+		// it anew.
+		if ctx.Err() != nil {
+			return nil, err
+		}
 		if _, gerr := t.m.Get(ctx, t.key(sid)); gerr != nil && (again == nil || explicit) {
 			t.mu.Lock()
 			delete(t.sessions, sid)

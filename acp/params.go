@@ -68,21 +68,29 @@ const maxIDLen = 256
 // items decodes an array field whose schema has
 // x-deserialize-default-on-error and x-deserialize-skip-invalid-items, as
 // the reference SDK reads it: a value that is not an array counts as
-// absent, and an item that does not decode as T is left out.
-func items[T any](f fields, name string) []T {
+// absent, and an item that does not decode as T is left out. check, when
+// not nil, sees each item kept with its name (name[i], i its place in
+// what the peer sent), and its error is the answer.
+func items[T any](f fields, name string, check func(field string, v T) error) ([]T, error) {
 	var raw []json.RawMessage
 	if !f.present(name) || json.Unmarshal(f.m[name], &raw) != nil {
-		return nil
+		return nil, nil
 	}
 	out := make([]T, 0, len(raw))
-	for _, r := range raw {
+	for i, r := range raw {
 		var v T
 		// null decodes into anything without an error, and is no item.
-		if string(r) != "null" && json.Unmarshal(r, &v) == nil {
-			out = append(out, v)
+		if string(r) == "null" || json.Unmarshal(r, &v) != nil {
+			continue
 		}
+		if check != nil {
+			if err := check(fmt.Sprintf("%s%s[%d]", f.path, name, i), v); err != nil {
+				return nil, err
+			}
+		}
+		out = append(out, v)
 	}
-	return out
+	return out, nil
 }
 
 // lenient decodes a field whose schema has x-deserialize-default-on-error:

@@ -690,7 +690,8 @@ func (p *Proxy) sessionAnswered(m message) {
 	// additionalDirectories is read as the agent reads it (the schema's
 	// x-deserialize-skip-invalid-items): an item that is no string is
 	// left out, the others are mounted.
-	spec.ID, spec.Workspace, spec.ExtraDirs = sessionID, cwd, items[string](f, "additionalDirectories")
+	extra, _ := items[string](f, "additionalDirectories", nil)
+	spec.ID, spec.Workspace, spec.ExtraDirs = sessionID, cwd, extra
 	p.mu.Lock()
 	before, open := p.specs[spec.ID]
 	p.mu.Unlock()

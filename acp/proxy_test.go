@@ -1055,3 +1055,84 @@ func TestFailedRemovalIsTriedAgain(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestCancelledCreateLeavesTheSessionToAnother: a terminal/create asked
+// off while another request opens the same session does not take the
+// session from the connection, which would close it under the other.
+func TestCancelledCreateLeavesTheSessionToAnother(t *testing.T) {
+	e := newFakeEngine(t, "create")
+	terms := NewTerminals(e.m, "test", t.TempDir(), sandbox.SessionSpec{})
+	params := json.RawMessage(`{"sessionId":"s","command":"true"}`)
+	first := make(chan error, 1)
+	go func() {
+		_, err := terms.create(context.Background(), params)
+		first <- err
+	}()
+	// The first is opening the session: its container is being made.
+	for deadline := time.Now().Add(5 * time.Second); e.m.Sessions() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the first create did not open the session")
+		}
+	}
+	// The second came as the first did, when the connection had no such
+	// session yet, and is asked off while it waits for the first's.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	spec := terms.defaults
+	spec.ID, spec.Workspace = "s", terms.workspace
+	if _, err := terms.open(ctx, "s", spec, nil, false); !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled open: %v, want it cancelled", err)
+	}
+	terms.mu.Lock()
+	_, kept := terms.sessions["s"]
+	terms.mu.Unlock()
+	if !kept {
+		t.Error("the cancelled create took the session from the connection")
+	}
+	e.release() // the first one's start fails now, as the engine says
+	if err := <-first; err == nil || strings.Contains(err.Error(), "was closed while this request opened it") {
+		t.Errorf("first create: %v, want the engine's error", err)
+	}
+}
+
+// TestCancelledReleaseStillReleases: a terminal/release asked off while
+// its kill waits has released the terminal all the same (its id is gone,
+// the sweep ends what is left), and says so rather than -32800.
+func TestCancelledReleaseStillReleases(t *testing.T) {
+	e := newFakeEngine(t)
+	terms := NewTerminals(e.m, "test", t.TempDir(), sandbox.SessionSpec{})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	res, err := terms.create(ctx, json.RawMessage(`{"sessionId":"s","command":"sleep","args":["60"]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := res.(CreateTerminalResponse).TerminalID
+	params := json.RawMessage(`{"sessionId":"s","terminalId":"` + id + `"}`)
+	// A terminal/kill under way, whose signal's exec the engine holds:
+	// the release waits on it.
+	before := e.execs.Load()
+	killed := make(chan error, 1)
+	go func() {
+		_, err := terms.kill(ctx, params)
+		killed <- err
+	}()
+	for e.execs.Load() == before {
+		if ctx.Err() != nil {
+			t.Fatal("the kill sent no signal")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	asked, off := context.WithCancel(ctx)
+	off()
+	if _, err := terms.release(asked, params); err != nil {
+		t.Errorf("release asked off: %v, want it released", err)
+	}
+	if _, err := terms.output(ctx, params); err == nil || !strings.Contains(err.Error(), "unknown terminal") {
+		t.Errorf("output after the release: %v, want the terminal unknown", err)
+	}
+	close(e.output) // every exec ends: the kill's and the sweep's too
+	if err := <-killed; err != nil {
+		t.Errorf("kill: %v", err)
+	}
+}

@@ -412,3 +412,24 @@ func TestCancelAsRequestWithAnIDInFlight(t *testing.T) {
 		t.Errorf("reply %v, want -32800 for 3", rep)
 	}
 }
+
+// TestCreateNamesItemsByTheirPlace: an item of args or env is named by its
+// place in what the peer sent, although items of the wrong shape before it
+// are left out.
+func TestCreateNamesItemsByTheirPlace(t *testing.T) {
+	for _, tc := range []struct {
+		params, want string
+	}{
+		{`{"sessionId":"s","command":"c","args":["a",5,"b\u0000"]}`, "args[2]: contains a NUL byte"},
+		{`{"sessionId":"s","command":"c","args":[null,"` + strings.Repeat("x", sandbox.MaxArgLen) + `"]}`, "args[1]: 131072 bytes"},
+		{`{"sessionId":"s","command":"c","env":[{"name":1,"value":"x"},{"name":"","value":"y"}]}`, "env[1].name: must not be empty"},
+		{`{"sessionId":"s","command":"c","env":[{"name":"A"},{"name":"B=","value":"y"}]}`, "env[1].name: \"B=\" must not contain"},
+		{`{"sessionId":"s","command":"c","env":[7,{"name":"SANDBOXD_TERMINAL","value":"y"}]}`, "env[1].name: SANDBOXD_TERMINAL is reserved"},
+		{`{"sessionId":"s","command":"c","env":[7,{"name":"` + strings.Repeat("N", sandbox.MaxArgLen) + `","value":""}]}`, "env[1]: 131073 bytes"},
+	} {
+		_, err := (&Terminals{}).create(context.Background(), json.RawMessage(tc.params))
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, sandbox.ErrInvalid) {
+			t.Errorf("%.120s: err = %v, want %q", tc.params, err, tc.want)
+		}
+	}
+}

@@ -151,7 +151,7 @@ func ValidateSpec(cfg Config, hostCPUs int, spec SessionSpec) (SessionSpec, erro
 	if spec.Workspace == "" {
 		return spec, fmt.Errorf("%w: cwd: a workspace directory is required", ErrInvalid)
 	}
-	if err := checkString("cwd", spec.Workspace); err != nil {
+	if err := CheckString("cwd", spec.Workspace); err != nil {
 		return spec, err
 	}
 	if !filepath.IsAbs(spec.Workspace) {
@@ -162,7 +162,7 @@ func ValidateSpec(cfg Config, hostCPUs int, spec SessionSpec) (SessionSpec, erro
 	// read while the session starts.
 	spec.ExtraDirs = slices.Clone(spec.ExtraDirs)
 	for i, d := range spec.ExtraDirs {
-		if err := checkString("additionalDirectories", d); err != nil {
+		if err := CheckString("additionalDirectories", d); err != nil {
 			return spec, err
 		}
 		if !filepath.IsAbs(d) {
@@ -178,7 +178,7 @@ func ValidateSpec(cfg Config, hostCPUs int, spec SessionSpec) (SessionSpec, erro
 	if spec.Image == "" {
 		spec.Image = c.Image
 	} else if spec.Image != c.Image {
-		if err := checkString("image", spec.Image); err != nil {
+		if err := CheckString("image", spec.Image); err != nil {
 			return spec, err
 		}
 	}
@@ -218,7 +218,7 @@ func checkDir(spec SessionSpec) (string, error) {
 	if spec.Dir == "" {
 		return "", nil
 	}
-	if err := checkString("cwd", spec.Dir); err != nil {
+	if err := CheckString("cwd", spec.Dir); err != nil {
 		return "", err
 	}
 	if !filepath.IsAbs(spec.Dir) {
@@ -1326,6 +1326,12 @@ func (s *Session) Release(ctx context.Context, id string) error {
 	if err != nil {
 		// Its id is gone: the sweep is what is left to kill it with.
 		s.sweepLater(id)
+		if ctx.Err() != nil {
+			// Asked off while the kill waited: released all the same,
+			// and to say otherwise would have the peer retry an id that
+			// is no more.
+			return nil
+		}
 		return fmt.Errorf("release terminal %s: %w", id, err)
 	}
 	return nil

@@ -133,9 +133,9 @@ func (c Command) execArgv(reaper bool) []string {
 // execve takes (MAX_ARG_STRLEN).
 const MaxArgLen = 128 << 10
 
-// checkString rejects what cannot cross execve: NUL bytes and strings
-// longer than MaxArgLen.
-func checkString(field, v string) error {
+// CheckString rejects what cannot cross execve: NUL bytes and strings
+// longer than MaxArgLen. field names v in the error.
+func CheckString(field, v string) error {
 	if strings.IndexByte(v, 0) >= 0 {
 		return fmt.Errorf("%w: %s: contains a NUL byte", ErrInvalid, field)
 	}
@@ -145,37 +145,43 @@ func checkString(field, v string) error {
 	return nil
 }
 
+// CheckEnvVar rejects an environment variable a command cannot be given:
+// a name that is empty, holds '=' or NUL, or is sandboxd's marker, and a
+// NAME=value that CheckString refuses. field names e in the error.
+func CheckEnvVar(field string, e EnvVar) error {
+	switch {
+	case e.Name == "":
+		return fmt.Errorf("%w: %s.name: must not be empty", ErrInvalid, field)
+	case strings.ContainsAny(e.Name, "=\x00"):
+		return fmt.Errorf("%w: %s.name: %.200q must not contain '=' or NUL", ErrInvalid, field, e.Name)
+	case e.Name == MarkerEnv:
+		return fmt.Errorf("%w: %s.name: %s is reserved by sandboxd", ErrInvalid, field, MarkerEnv)
+	}
+	return CheckString(field, e.Name+"="+e.Value)
+}
+
 // validate checks a command against the session and configuration and
 // returns the cwd and output limit it will run with.
 func (s *Session) validate(c Command) (cwd string, limit int, err error) {
 	if c.Command == "" {
 		return "", 0, fmt.Errorf("%w: command: must not be empty", ErrInvalid)
 	}
-	if err := checkString("command", c.Command); err != nil {
+	if err := CheckString("command", c.Command); err != nil {
 		return "", 0, err
 	}
 	for i, a := range c.Args {
-		if err := checkString(fmt.Sprintf("args[%d]", i), a); err != nil {
+		if err := CheckString(fmt.Sprintf("args[%d]", i), a); err != nil {
 			return "", 0, err
 		}
 	}
 	for i, e := range c.Env {
-		field := fmt.Sprintf("env[%d].name", i)
-		switch {
-		case e.Name == "":
-			return "", 0, fmt.Errorf("%w: %s: must not be empty", ErrInvalid, field)
-		case strings.ContainsAny(e.Name, "=\x00"):
-			return "", 0, fmt.Errorf("%w: %s: %.200q must not contain '=' or NUL", ErrInvalid, field, e.Name)
-		case e.Name == MarkerEnv:
-			return "", 0, fmt.Errorf("%w: %s: %s is reserved by sandboxd", ErrInvalid, field, MarkerEnv)
-		}
-		if err := checkString(fmt.Sprintf("env[%d].value", i), e.Name+"="+e.Value); err != nil {
+		if err := CheckEnvVar(fmt.Sprintf("env[%d]", i), e); err != nil {
 			return "", 0, err
 		}
 	}
 	cwd = s.Dir()
 	if c.Cwd != "" {
-		if err := checkString("cwd", c.Cwd); err != nil {
+		if err := CheckString("cwd", c.Cwd); err != nil {
 			return "", 0, err
 		}
 		if !strings.HasPrefix(c.Cwd, "/") {
