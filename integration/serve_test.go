@@ -382,8 +382,9 @@ func TestSymlinkInWorkspaceReachesNoHostDirectory(t *testing.T) {
 
 // TestFilesystemsBelowTheWorkspaceStayOut: a filesystem mounted inside
 // the workspace, or inside a writable grant of session.mounts, on the
-// host (a chroot's /proc, say) was never checked, so the container sees
-// only the directory it is mounted on. Mounting takes root, which CI has.
+// host (a chroot's /proc, say), or a file bound there, was never
+// checked, so the container sees only the directory it is mounted on, or
+// an empty file. Mounting takes root, which CI has.
 func TestFilesystemsBelowTheWorkspaceStayOut(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("mounting a filesystem below the workspace takes root")
@@ -397,6 +398,15 @@ func TestFilesystemsBelowTheWorkspaceStayOut(t *testing.T) {
 		}
 		t.Cleanup(func() { exec.Command("umount", "-l", p).Run() })
 	}
+	// A file the host binds there (as a container's own /etc/hosts).
+	secret := filepath.Join(t.TempDir(), "secret")
+	writeFile(t, secret, "host secret\n")
+	file := filepath.Join(grant, "file")
+	writeFile(t, file, "")
+	if out, err := exec.Command("mount", "--bind", secret, file).CombinedOutput(); err != nil {
+		t.Fatalf("bind %s at %s: %v: %s", secret, file, err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", file).Run() })
 	below = []string{filepath.Join(ws, "proc"), "/data/proc"}
 	srv := startServeWithConfig(t, ws, fmt.Sprintf("[[session.mounts]]\nsource = %q\ntarget = \"/data\"\nmode = \"rw\"\n", grant))
 	a := srv.agent()
@@ -412,8 +422,11 @@ func TestFilesystemsBelowTheWorkspaceStayOut(t *testing.T) {
 			t.Errorf("rmdir and mv of the mount point %s: %q (%s)", p, out, exitCode(st))
 		}
 	}
+	if out, st := sh(t, ctx, a, "s", "cat /data/file; { rm /data/file && echo removed; mv /data/file /data/moved && echo moved; } 2>/dev/null; echo tried"); out != "tried\n" {
+		t.Errorf("the file the host binds below the grant: %q (%s), want it empty and neither removed nor moved", out, exitCode(st))
+	}
 	info, err := os.ReadFile("/proc/self/mountinfo")
-	for _, p := range []string{filepath.Join(ws, "proc"), filepath.Join(grant, "proc")} {
+	for _, p := range []string{filepath.Join(ws, "proc"), filepath.Join(grant, "proc"), file} {
 		if err != nil || !strings.Contains(string(info), " "+p+" ") {
 			t.Errorf("the host's mount at %s is gone", p)
 		}

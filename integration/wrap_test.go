@@ -718,6 +718,14 @@ func TestNestedDirectoriesMountOnce(t *testing.T) {
 		if got := w.prompt(t, ctx, sid, "run cat "+filepath.Join(data, "f")); got != "exit=0 output=own filesystem" {
 			t.Errorf("a session directory on a filesystem of its own inside the workspace: %q", got)
 		}
+		// One below it: mounted in the cover that hides the rest of the
+		// filesystem.
+		raw := subdir(t, data, "raw")
+		writeFile(t, filepath.Join(raw, "g"), "raw data")
+		sid = w.newSession(t, ctx, ws, raw)
+		if got := w.prompt(t, ctx, sid, "run cat "+filepath.Join(raw, "g")+"; ls "+data); got != "exit=0 output=raw data"+"raw\n" {
+			t.Errorf("a session directory below a filesystem of its own inside the workspace: %q", got)
+		}
 	}
 	// A directory inside that is a link elsewhere cannot be shown through
 	// the outer mount. (Apart from the workspace the other sessions may

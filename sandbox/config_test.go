@@ -699,10 +699,34 @@ func TestGitMetadataOfDoesNotWaitOnAFIFO(t *testing.T) {
 	}
 }
 
+// allDirs has every mount point a directory.
+func allDirs(string) bool { return true }
+
+// TestCoverFileMountPoints: a file the host mounts below a session
+// directory or a grant (a container's own /etc/hosts) is covered by
+// /dev/null, read-only, where a tmpfs cannot go; a directory by a tmpfs.
+func TestCoverFileMountPoints(t *testing.T) {
+	files := map[string]bool{"/etc/hosts": true, "/w/secret.txt": true}
+	_, covers := coverHostMounts([]bind{{"/w", "/w"}}, []Mount{{Source: "/etc", Target: "/host-etc", Mode: "ro"}},
+		[]string{"/etc/hosts", "/etc/ssl", "/w/secret.txt"}, func(p string) bool { return !files[p] })
+	want := []mount.Mount{
+		{Type: mount.TypeBind, Source: os.DevNull, Target: "/w/secret.txt", ReadOnly: true},
+		{Type: mount.TypeBind, Source: os.DevNull, Target: "/host-etc/hosts", ReadOnly: true},
+		{Type: mount.TypeTmpfs, Target: "/host-etc/ssl", ReadOnly: true, TmpfsOptions: &mount.TmpfsOptions{SizeBytes: 4096, Mode: 0o555}},
+	}
+	if !reflect.DeepEqual(covers, want) {
+		t.Errorf("covers %+v, want %+v", covers, want)
+	}
+	// The real check, on what the kernel has cached.
+	if !mountPointIsDir("/") || mountPointIsDir(os.DevNull) {
+		t.Errorf("mountPointIsDir: / %v, %s %v", mountPointIsDir("/"), os.DevNull, mountPointIsDir(os.DevNull))
+	}
+}
+
 func TestCoverHostMounts(t *testing.T) {
 	binds := []bind{{"/real/w", "/w"}, {"/real/w/data", "/w/data"}, {"/x", "/x"}}
 	points := []string{"/", "/real", "/real/w", "/real/w/proc", "/real/w/proc/sys", "/real/w/data", "/real/w/data/usb", "/real/w/a b", "/elsewhere", "/x", "/real/w/proc"}
-	hosts, covers := coverHostMounts(binds, nil, points)
+	hosts, covers := coverHostMounts(binds, nil, points, allDirs)
 	// Each once, also when listed twice (stacked mounts).
 	if want := []string{"/real/w/a b", "/real/w/proc", "/real/w/data/usb"}; !slices.Equal(hosts, want) {
 		t.Errorf("covered %q, want %q", hosts, want)
@@ -720,7 +744,7 @@ func TestCoverHostMounts(t *testing.T) {
 	// A workspace named through a link: what lies below its source is
 	// covered at the name the container knows, even where another bind
 	// mounts the same source under its real name.
-	_, covers = coverHostMounts([]bind{{"/real/w", "/alias"}, {"/real/w/m", "/real/w/m"}}, nil, []string{"/real/w", "/real/w/m"})
+	_, covers = coverHostMounts([]bind{{"/real/w", "/alias"}, {"/real/w/m", "/real/w/m"}}, nil, []string{"/real/w", "/real/w/m"}, allDirs)
 	if len(covers) != 1 || covers[0].Target != "/alias/m" {
 		t.Errorf("covers of a workspace through a link: %+v, want one at /alias/m", covers)
 	}
@@ -826,7 +850,7 @@ func TestCoverHostMountsOfGrants(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			binds := slices.Clone(tc.binds)
-			_, covers := coverHostMounts(binds, tc.granted, tc.points)
+			_, covers := coverHostMounts(binds, tc.granted, tc.points, allDirs)
 			var targets []string
 			for _, c := range covers {
 				if !c.ReadOnly || c.Type != "tmpfs" {
@@ -856,10 +880,10 @@ func TestDistinctTargets(t *testing.T) {
 		{name: "apart", mounts: []mount.Mount{bindMount("/w", "/w", "rw"), cover("/w/nfs"), bindMount("/srv", "/data", "ro"), cover("/data/nfs")}},
 		{name: "next to a cover", mounts: []mount.Mount{cover("/mnt/usb"), bindMount("/mnt/usbx", "/mnt/usbx", "rw")}},
 		{name: "two at one place", mounts: []mount.Mount{bindMount("/w", "/w", "rw"), bindMount("/srv", "/w", "ro")}, err: `two mounts at "/w"`},
-		{name: "a workspace below a cover", mounts: []mount.Mount{bindMount("/mnt", "/mnt", "ro"), cover("/mnt/usb"), bindMount("/mnt/usb/p", "/mnt/usb/p", "rw")},
-			err: `"/mnt/usb/p" lies below "/mnt/usb"`},
-		{name: "a grant below a cover", mounts: []mount.Mount{bindMount("/w", "/w", "rw"), cover("/w/nfs"), bindMount("/opt", "/w/nfs/opt", "ro")},
-			err: `"/w/nfs/opt" lies below "/w/nfs"`},
+		// The engine makes their places in the cover before it is made
+		// read-only.
+		{name: "a workspace below a cover", mounts: []mount.Mount{bindMount("/mnt", "/mnt", "ro"), cover("/mnt/usb"), bindMount("/mnt/usb/p", "/mnt/usb/p", "rw")}},
+		{name: "a grant below a cover", mounts: []mount.Mount{bindMount("/w", "/w", "rw"), cover("/w/nfs"), bindMount("/opt", "/w/nfs/opt", "ro")}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := distinctTargets(tc.mounts)
@@ -907,6 +931,7 @@ func TestCheckMountSourceRefusesPrivate(t *testing.T) {
 		{"no endpoints", served, nil, ""},
 		{"a socket not made yet", served, []string{filepath.Join(served, "sandboxd.sock")}, filepath.Join(served, "sandboxd.sock")},
 		{"a socket named through a link", served, []string{filepath.Join(dir, "alias", "sandboxd.sock")}, filepath.Join(served, "sandboxd.sock")},
+		{"a token whose directories are not made yet, through a link", served, []string{filepath.Join(dir, "alias", "cache", "sandboxd", "token")}, filepath.Join(served, "cache", "sandboxd", "token")},
 		{"a relative socket", served, []string{"served/s.sock"}, filepath.Join(served, "s.sock")},
 		{"a token deeper down", served, []string{token}, token},
 		{"a token through a link elsewhere", served, []string{filepath.Join(cache, "token-link")}, token},

@@ -285,19 +285,27 @@ func privateIn(real string, private []string) string {
 }
 
 // resolvePrivate names endpoint p as a resolved mount source would show
-// it: its directory with links resolved and its own name, since the
-// socket may not be made yet; and, when p exists and is a link, where the
-// link leads, which is what a command would open.
+// it: the deepest directory on its way that exists, links resolved, and
+// the rest as named, since the socket, or the directory it goes in (a
+// cache directory on a fresh machine), may not be made yet; and, when p
+// exists and is a link, where the link leads, which is what a command
+// would open.
 func resolvePrivate(p string) []string {
 	if abs, err := filepath.Abs(p); err == nil {
 		p = abs
 	}
 	p = filepath.Clean(p)
-	var names []string
-	if dir, err := filepath.EvalSymlinks(filepath.Dir(p)); err == nil {
-		names = append(names, filepath.Join(dir, filepath.Base(p)))
-	} else {
-		names = append(names, p)
+	names := []string{p}
+	for dir, rest := filepath.Dir(p), filepath.Base(p); ; {
+		if r, err := filepath.EvalSymlinks(dir); err == nil {
+			names[0] = filepath.Join(r, rest)
+			break
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			break
+		}
+		dir, rest = parent, filepath.Join(filepath.Base(dir), rest)
 	}
 	if r, err := filepath.EvalSymlinks(p); err == nil && r != names[0] {
 		names = append(names, r)
@@ -402,10 +410,10 @@ func (s *Session) verifyMounts(ctx context.Context, checks []mountCheck, covers 
 	return nil
 }
 
-// distinctTargets refuses two mounts at one place, and a mount below a
-// cover of coverHostMounts, an empty read-only tmpfs where the engine
-// cannot make the mount's place: the engine would refuse both with less
-// to say.
+// distinctTargets refuses two mounts at one place, which the engine
+// would refuse with less to say. A mount below a cover of
+// coverHostMounts is fine: the engine mounts the shallower first, and
+// the tmpfs is made read-only only once every mount is in place.
 func distinctTargets(mounts []mount.Mount) error {
 	seen := map[string]bool{}
 	for _, m := range mounts {
@@ -413,16 +421,6 @@ func distinctTargets(mounts []mount.Mount) error {
 			return fmt.Errorf("%w: two mounts at %q (a session directory, session.mounts, or a filesystem below one of them)", ErrInvalid, m.Target)
 		}
 		seen[m.Target] = true
-	}
-	for _, c := range mounts {
-		if c.Type != mount.TypeTmpfs {
-			continue
-		}
-		for _, m := range mounts {
-			if m.Target != c.Target && Within(c.Target, m.Target) {
-				return fmt.Errorf("%w: %q lies below %q, where the host has a filesystem of its own that no mount shows (it is covered in the container); grant that filesystem by its own path in session.mounts, or use a directory elsewhere", ErrInvalid, m.Target, c.Target)
-			}
-		}
 	}
 	return nil
 }
@@ -612,7 +610,12 @@ func (s *Session) start(ctx context.Context) error {
 		return fmt.Errorf("open session %s: %w", s.ID, err)
 	}
 	checks = append(checks, granted...)
-	covered, covers := coverHostMounts(binds, sc.Mounts, hostMountPoints())
+	covered, covers := coverHostMounts(binds, sc.Mounts, hostMountPoints(), mountPointIsDir)
+	if len(covered) > 0 {
+		// What the container shows empty, so that a missing tool or
+		// file can be told from a broken grant.
+		m.log.Info("host filesystems below the session's mounts are shown empty; mount one by its own path to show it", "session", s.ID, "covered", covered)
+	}
 	protected, gitChecks, err := s.protectGit(real, binds, covered)
 	if err != nil {
 		return fmt.Errorf("open session %s: %w", s.ID, err)
@@ -1102,8 +1105,10 @@ func readSmallFile(file string, max int) []byte {
 // does not depend on what may be written there. A place where another
 // mount shows its own (a session directory of its own, a grant inside the
 // workspace) is not covered. It returns the host paths covered and the
-// mounts.
-func coverHostMounts(binds []bind, granted []Mount, mountPoints []string) ([]string, []mount.Mount) {
+// mounts. isDir tells a directory from a file mount point (the host binds
+// files too, /etc/hosts in a container of its own): a file is covered by
+// /dev/null, read-only, where a tmpfs cannot go.
+func coverHostMounts(binds []bind, granted []Mount, mountPoints []string, isDir func(string) bool) ([]string, []mount.Mount) {
 	// Stacked mounts list a place more than once: it is covered once.
 	mountPoints = slices.Compact(slices.Sorted(slices.Values(mountPoints)))
 	binds = slices.Clip(binds)
@@ -1135,11 +1140,25 @@ func coverHostMounts(binds []bind, granted []Mount, mountPoints []string) ([]str
 				continue
 			}
 			hosts = append(hosts, p)
+			if !isDir(p) {
+				covers = append(covers, mount.Mount{Type: mount.TypeBind, Source: os.DevNull, Target: target, ReadOnly: true})
+				continue
+			}
 			covers = append(covers, mount.Mount{Type: mount.TypeTmpfs, Target: target, ReadOnly: true,
 				TmpfsOptions: &mount.TmpfsOptions{SizeBytes: 4096, Mode: 0o555}})
 		}
 	}
 	return hosts, covers
+}
+
+// mountPointIsDir reports whether the mount point p is a directory, from
+// what the kernel has cached: a dead network filesystem there must not
+// hang the start. What cannot be looked at counts as a directory, the
+// usual mount point.
+func mountPointIsDir(p string) bool {
+	var st unix.Statx_t
+	err := unix.Statx(unix.AT_FDCWD, p, unix.AT_SYMLINK_NOFOLLOW|unix.AT_NO_AUTOMOUNT|unix.AT_STATX_DONT_SYNC, unix.STATX_TYPE, &st)
+	return err != nil || st.Mode&unix.S_IFMT == unix.S_IFDIR
 }
 
 // hostMountPoints lists the mount points of sandboxd's mount namespace,

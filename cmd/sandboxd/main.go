@@ -340,8 +340,10 @@ func cmdServe(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	}
 	defer closeLog()
 	private := ah.private()
-	if *listen != "stdio" {
-		private = append(private, strings.TrimPrefix(*listen, "unix:"))
+	// An abstract socket (@name) is in no directory, and a container,
+	// with a network namespace of its own, cannot reach it.
+	if path := strings.TrimPrefix(*listen, "unix:"); *listen != "stdio" && !strings.HasPrefix(path, "@") {
+		private = append(private, path)
 	}
 	m, err := c.setup(ctx, stderr, log, "", private, nil)
 	if err != nil {

@@ -135,4 +135,9 @@ func TestEndpointsOutsideTheWorkspace(t *testing.T) {
 			t.Errorf("%v: exit %d, stderr %q", args, code, stderr.String())
 		}
 	}
+	// An abstract socket is in no directory: only the engine is missing.
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"serve", "--listen", "unix:@sandboxd"}, strings.NewReader(""), &stdout, &stderr); code == 0 || strings.Contains(stderr.String(), "endpoint") || !strings.Contains(stderr.String(), "engine") {
+		t.Errorf("serve on an abstract socket: exit %d, stderr %q", code, stderr.String())
+	}
 }
