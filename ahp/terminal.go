@@ -150,10 +150,7 @@ func (s *Server) createTerminal(ctx context.Context, params json.RawMessage) (an
 	rand.Read(nonce)
 	t.nonce = hex.EncodeToString(nonce)
 	t.parser = osc633.NewParser(t.nonce)
-	cols, rows := max(p.Cols, 1), max(p.Rows, 1)
-	if p.Cols == 0 || p.Rows == 0 {
-		cols, rows = 80, 24
-	}
+	cols, rows := termSize(p.Cols, p.Rows)
 	// The output goes to the terminal as it arrives, in the goroutine that
 	// reads it: every hop between the PTY and the clients adds latency to
 	// each keystroke. The exec's own buffer keeps nothing.
@@ -627,4 +624,16 @@ func (t *terminal) open() {
 		t.s.mu.Unlock()
 		close(t.gate)
 	})
+}
+
+// termSize is the size a new terminal gets: what the client asked, the
+// usual 80x24 in place of what it did not.
+func termSize(cols, rows uint) (uint, uint) {
+	if cols == 0 {
+		cols = 80
+	}
+	if rows == 0 {
+		rows = 24
+	}
+	return cols, rows
 }

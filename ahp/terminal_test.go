@@ -158,3 +158,13 @@ func TestCreateTerminalWhileClosing(t *testing.T) {
 		}
 	})
 }
+
+func TestTermSize(t *testing.T) {
+	for _, tc := range []struct{ cols, rows, wantCols, wantRows uint }{
+		{0, 0, 80, 24}, {120, 0, 120, 24}, {0, 50, 80, 50}, {132, 43, 132, 43},
+	} {
+		if c, r := termSize(tc.cols, tc.rows); c != tc.wantCols || r != tc.wantRows {
+			t.Errorf("termSize(%d, %d) = %d, %d; want %d, %d", tc.cols, tc.rows, c, r, tc.wantCols, tc.wantRows)
+		}
+	}
+}
