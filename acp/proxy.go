@@ -220,7 +220,7 @@ func (p *Proxy) next(s *LineStream, side string, closed error) ([]byte, error) {
 		line, err := s.readRaw()
 		if errors.Is(err, errTooLong) {
 			p.log.Warn("dropped an over-long message from the " + side)
-			p.answerTooLong(s, headOf(err))
+			p.answerTooLong(s, err)
 			continue
 		}
 		if err != nil {
@@ -236,8 +236,8 @@ func (p *Proxy) next(s *LineStream, side string, closed error) ([]byte, error) {
 // answerTooLong answers for a message from s that was too long to relay,
 // so that nobody waits for an answer that will not come: a request gets
 // an error back, a response reaches the side that asked as an error.
-func (p *Proxy) answerTooLong(s *LineStream, head []byte) {
-	id, isRequest, isResponse := peekHead(head)
+func (p *Proxy) answerTooLong(s *LineStream, err error) {
+	id, isRequest, isResponse := membersOf(err)
 	if len(id) == 0 || string(id) == "null" || isRequest == isResponse {
 		return
 	}

@@ -404,9 +404,13 @@ func TestWrapReadRaw(t *testing.T) {
 	}
 }
 
-func TestPeekHead(t *testing.T) {
+// TestMemberScan: what a line says of itself is found at the object's own
+// level, wherever its members are and however the line is cut into
+// pieces; a line cut off keeps what was whole.
+func TestMemberScan(t *testing.T) {
+	long := strings.Repeat("x", 2*maxScannedID)
 	for _, tc := range []struct {
-		head              string
+		line              string
 		id                string
 		request, response bool
 	}{
@@ -416,10 +420,27 @@ func TestPeekHead(t *testing.T) {
 		{`{"jsonrpc":"2.0","result":{"a":"b"},"id":4}`, "4", false, true},
 		{`{"jsonrpc":"2.0","params":{"a":"aaaa`, "", false, false},
 		{`not json`, "", false, false},
+		{`[{"id":1,"method":"x"}]`, "", false, false},
+		// The id after what is too long to keep.
+		{`{"jsonrpc":"2.0","method":"x","params":{"env":["` + long + `"],"id":99},"id":12}` + "\n", "12", true, false},
+		{` {"method" : "x" , "id" : "a,b}" }`, `"a,b}"`, true, false},
+		{`{"\u0069d":5,"\"method":1}`, "5", false, false},
+		{`{"id":{"a":[1,2]},"method":"x"}`, `{"a":[1,2]}`, true, false},
+		{`{"id":1,"id":2,"error":{}}`, "2", false, true},
+		{`{"id":"` + long + `","method":"x"}`, "", true, false},
+		{`{"id":"a\"b","method":"x"}`, `"a\"b"`, true, false},
+		{`{"id":5`, "", false, false},
 	} {
-		id, req, res := peekHead([]byte(tc.head))
-		if string(id) != tc.id || req != tc.request || res != tc.response {
-			t.Errorf("peekHead(%q) = %s %v %v, want %s %v %v", tc.head, id, req, res, tc.id, tc.request, tc.response)
+		for _, cut := range []int{1, 3, 4096} {
+			m := &memberScan{}
+			for rest := []byte(tc.line); len(rest) > 0; {
+				n := min(cut, len(rest))
+				m.Write(rest[:n])
+				rest = rest[n:]
+			}
+			if string(m.id) != tc.id || m.request != tc.request || m.response != tc.response {
+				t.Errorf("%.60q in pieces of %d: %s %v %v, want %s %v %v", tc.line, cut, m.id, m.request, m.response, tc.id, tc.request, tc.response)
+			}
 		}
 	}
 }
@@ -441,6 +462,11 @@ func TestWrapProxyAnswersForOverlongMessages(t *testing.T) {
 	go io.WriteString(pp.toProxyFromEditor, `{"jsonrpc":"2.0","id":9,"method":"session/prompt","params":{"prompt":"`+huge+`"}}`+"\n")
 	if got := recv(t, pp.editor); !strings.Contains(got, `"id":9`) || !strings.Contains(got, `-32600`) {
 		t.Errorf("editor got %q, want an error for its request 9", got)
+	}
+	// The id after all the rest: found all the same.
+	go io.WriteString(pp.toProxyFromEditor, `{"jsonrpc":"2.0","method":"session/prompt","params":{"prompt":"`+huge+`"},"id":10}`+"\n")
+	if got := recv(t, pp.editor); !strings.Contains(got, `"id":10`) || !strings.Contains(got, `-32600`) {
+		t.Errorf("editor got %q, want an error for its request 10", got)
 	}
 }
 

@@ -164,21 +164,21 @@ func (s *LineStream) ReadLine() ([]byte, error) {
 
 var errTooLong = errors.New("message longer than the maximum")
 
-// tooLong is errTooLong with the start of the line, where the message's id
-// usually is, so that its sender can be answered.
-type tooLong struct{ head []byte }
+// tooLong is errTooLong with what the line said of itself (memberScan),
+// so that its sender can be answered.
+type tooLong struct{ members *memberScan }
 
 func (e *tooLong) Error() string        { return errTooLong.Error() }
 func (e *tooLong) Is(target error) bool { return target == errTooLong }
 
-// headOf returns the start of the line an error from a read was about, if
-// it was one too long.
-func headOf(err error) []byte {
+// membersOf returns the id of the line an error from a read was about, if
+// it was one too long, and whether it was a request or a response.
+func membersOf(err error) (id json.RawMessage, request, response bool) {
 	var tl *tooLong
 	if errors.As(err, &tl) {
-		return tl.head
+		return tl.members.id, tl.members.request, tl.members.response
 	}
-	return nil
+	return nil, false, false
 }
 
 func readLine(r *bufio.Reader, limit int) ([]byte, error) {
@@ -194,12 +194,15 @@ func readRest(r *bufio.Reader, head []byte, limit int) ([]byte, error) {
 	for {
 		chunk, err := r.ReadSlice('\n')
 		if len(line)+len(chunk) > limit {
-			start := append(line[:len(line):len(line)], chunk...)
-			e := &tooLong{head: bytes.Clone(start[:min(len(start), 4096)])}
+			// The rest is only looked through: the id may come last.
+			m := &memberScan{}
+			m.Write(line)
+			m.Write(chunk)
 			for errors.Is(err, bufio.ErrBufferFull) {
-				_, err = r.ReadSlice('\n')
+				chunk, err = r.ReadSlice('\n')
+				m.Write(chunk)
 			}
-			return nil, e
+			return nil, &tooLong{members: m}
 		}
 		line = append(line, chunk...)
 		if !errors.Is(err, bufio.ErrBufferFull) {
@@ -208,49 +211,13 @@ func readRest(r *bufio.Reader, head []byte, limit int) ([]byte, error) {
 	}
 }
 
-// peekHead reads what it can of a message's members from the start of it:
-// its id, and whether it is a request (a method) or a response (a result
-// or an error). The rest may be cut off anywhere.
-func peekHead(head []byte) (id json.RawMessage, request, response bool) {
-	dec := json.NewDecoder(bytes.NewReader(head))
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
-		return nil, false, false
-	}
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			break
-		}
-		var v json.RawMessage
-		if err := dec.Decode(&v); err != nil {
-			// Cut off inside this member's value: its name still tells.
-			switch tok {
-			case "method":
-				request = true
-			case "result", "error":
-				response = true
-			}
-			break
-		}
-		switch tok {
-		case "id":
-			id = v
-		case "method":
-			request = true
-		case "result", "error":
-			response = true
-		}
-	}
-	return id, request, response
-}
-
 // ReadObject reads the next valid message into v.
 func (s *LineStream) ReadObject(v any) error {
 	for {
 		line, err := s.ReadLine()
 		if errors.Is(err, errTooLong) {
 			var id json.RawMessage
-			if rid, request, _ := peekHead(headOf(err)); request {
+			if rid, request, _ := membersOf(err); request {
 				id = rid
 			}
 			s.replyError(id, CodeInvalidRequest, fmt.Sprintf("message longer than %d bytes", s.max))

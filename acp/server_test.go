@@ -133,8 +133,10 @@ func TestLineStreamSurvivesBadLines(t *testing.T) {
 	}
 }
 
+// TestLineStreamTooLong: a line too long to read is answered, with its id
+// even when that comes after all the rest, and the next line is read.
 func TestLineStreamTooLong(t *testing.T) {
-	in := `{"jsonrpc":"2.0","id":"big","method":"echo","params":"` + strings.Repeat("x", MaxMessageSize+10) + "\"}\n" + `{"jsonrpc":"2.0","id":1,"method":"echo"}` + "\n"
+	in := `{"jsonrpc":"2.0","method":"echo","params":"` + strings.Repeat("x", MaxMessageSize+10) + `","id":"big"}` + "\n" + `{"jsonrpc":"2.0","id":1,"method":"echo"}` + "\n"
 	pr, pw := io.Pipe()
 	s := NewLineStream(pipeConn{strings.NewReader(in), pw}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	defer s.Close()
