@@ -251,8 +251,9 @@ func (t *Terminals) create(ctx context.Context, params json.RawMessage) (any, er
 	}
 	term, err := s.Start(ctx, cmd)
 	if errors.Is(err, sandbox.ErrNotFound) {
-		// Closed for being idle between the two: it opens again, unless
-		// the peer closed it, which sessionForCreate tells.
+		// Closed between the two, for being idle or by a close of the
+		// peer's: it opens again, as for a create that came after, and
+		// one the editor ended stays ended (sessionForCreate tells).
 		if s, err = t.sessionForCreate(ctx, sid, cwd); err == nil {
 			term, err = s.Start(ctx, cmd)
 		}
