@@ -366,6 +366,7 @@ func (p *Proxy) fromAgent() error {
 			body = bytes.ReplaceAll(body, []byte{'\r'}, []byte{' '})
 			line = append(body[:len(body):len(body)], '\n')
 		}
+		p.flushEnded()
 		p.mu.Lock()
 		pending := len(p.sessionCalls) > 0
 		p.mu.Unlock()
@@ -414,6 +415,44 @@ func (p *Proxy) fromAgent() error {
 			return ErrEditorClosed
 		}
 	}
+}
+
+// flushEnded sends the editor the last refresh of every watch whose
+// terminals have all ended, now, ahead of whatever message of the agent's
+// is about to be relayed: the agent has seen them end (wait_for_exit), and its next
+// update or its answer to the prompt must not reach the editor before
+// their final output. The watches send nothing more.
+func (p *Proxy) flushEnded() {
+	p.updates.Lock()
+	defer p.updates.Unlock()
+	p.mu.Lock()
+	if len(p.textWatches)+len(p.metaWatches) == 0 {
+		p.mu.Unlock()
+		return
+	}
+	var ended []*watch
+	for _, w := range p.textWatches {
+		ended = append(ended, w)
+	}
+	for _, w := range p.metaWatches {
+		ended = append(ended, w)
+	}
+	p.mu.Unlock()
+	for _, w := range ended {
+		if w.closed || !allEnded(w.terminals()) {
+			continue
+		}
+		if _, err := w.refresh(true); err != nil {
+			p.log.Debug("refresh tool call", "toolCall", w.toolCallID, "err", err)
+		}
+		w.closed = true
+		w.forget()
+	}
+}
+
+// allEnded reports whether every one of terms has exited.
+func allEnded(terms []*sandbox.Terminal) bool {
+	return !slices.ContainsFunc(terms, func(t *sandbox.Terminal) bool { return !t.Exited() })
 }
 
 func containsAny(line []byte, subs ...string) bool {
@@ -1128,7 +1167,7 @@ type watch struct {
 	terms   []*sandbox.Terminal // the known terminals in it
 	shown   []byte              // the content the editor has
 
-	// Meta watches; only run touches these.
+	// Meta watches; guarded by p.updates.
 	term *sandbox.Terminal
 	sent int64  // output offset sent so far
 	tail []byte // the start of a character whose rest has not come yet
@@ -1179,9 +1218,11 @@ func (w *watch) terminals() []*sandbox.Terminal {
 func (w *watch) run(ctx context.Context) {
 	for {
 		w.p.updates.Lock()
-		last := w.shownAt
+		last, ended := w.shownAt, allEnded(w.terminals())
 		w.p.updates.Unlock()
-		if d := refreshInterval - time.Since(last); d > 0 {
+		// The last refresh goes at once: it is what the agent is about
+		// to report on.
+		if d := refreshInterval - time.Since(last); d > 0 && !ended {
 			select {
 			case <-ctx.Done():
 				w.forget()

@@ -1162,3 +1162,46 @@ func TestCancelledReleaseStillReleases(t *testing.T) {
 		t.Errorf("kill: %v", err)
 	}
 }
+
+// TestWrapProxyFinalOutputBeforeTheAnswer: the final output of a terminal
+// the agent waited for reaches the editor before the agent's next update
+// and its answer to the prompt, not after them, in either form.
+func TestWrapProxyFinalOutputBeforeTheAnswer(t *testing.T) {
+	for _, meta := range []bool{false, true} {
+		e := newFakeEngine(t)
+		pp := startProxyWith(t, e.m)
+		final := `[exit code 0]`
+		if meta {
+			pp.rendersTerminalMeta()
+			final = `"terminal_exit"`
+		}
+		pp.newSession(t, "s")
+		id := pp.createTerminal(t, ``)
+		send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c","content":[{"type":"terminal","terminalId":"`+id+`"}]}}}`+"\n")
+		if got := recv(t, pp.editor); !strings.Contains(got, `"sessionUpdate":"tool_call"`) {
+			t.Fatalf("editor got %q, want the tool call", got)
+		}
+		e.output <- []byte("hello\n")
+		close(e.output)
+		send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","id":5,"method":"terminal/wait_for_exit","params":{"sessionId":"s","terminalId":"`+id+`"}}`+"\n")
+		if got := recv(t, pp.agent); !strings.Contains(got, `"exitCode":0`) {
+			t.Fatalf("agent got %q, want the exit", got)
+		}
+		// Sent while the editor reads, as an editor does.
+		go io.WriteString(pp.toProxyFromAgent, `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call_update","toolCallId":"c","status":"completed"}}}`+"\n"+
+			`{"jsonrpc":"2.0","id":77,"result":{"stopReason":"end_turn"}}`+"\n")
+		var seen []string
+		for {
+			got := recv(t, pp.editor)
+			if strings.Contains(got, `"status":"completed"`) || strings.Contains(got, `"id":77`) {
+				break
+			}
+			seen = append(seen, got)
+		}
+		if !slices.ContainsFunc(seen, func(l string) bool {
+			return strings.Contains(l, final) && strings.Contains(l, "hello") || meta && strings.Contains(l, final)
+		}) {
+			t.Errorf("meta %v: before the agent's next messages the editor got %q, want the final output", meta, seen)
+		}
+	}
+}
