@@ -1181,22 +1181,38 @@ func TestWrapProxyFinalOutputBeforeTheAnswer(t *testing.T) {
 		if got := recv(t, pp.editor); !strings.Contains(got, `"sessionUpdate":"tool_call"`) {
 			t.Fatalf("editor got %q, want the tool call", got)
 		}
+		// The editor reads all along, as an editor does.
+		lines := make(chan string, 64)
+		go func() {
+			for {
+				line, err := pp.editor.ReadString('\n')
+				if err != nil {
+					close(lines)
+					return
+				}
+				lines <- line
+			}
+		}()
 		e.output <- []byte("hello\n")
 		close(e.output)
 		send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","id":5,"method":"terminal/wait_for_exit","params":{"sessionId":"s","terminalId":"`+id+`"}}`+"\n")
 		if got := recv(t, pp.agent); !strings.Contains(got, `"exitCode":0`) {
 			t.Fatalf("agent got %q, want the exit", got)
 		}
-		// Sent while the editor reads, as an editor does.
-		go io.WriteString(pp.toProxyFromAgent, `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call_update","toolCallId":"c","status":"completed"}}}`+"\n"+
+		send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call_update","toolCallId":"c","status":"completed"}}}`+"\n"+
 			`{"jsonrpc":"2.0","id":77,"result":{"stopReason":"end_turn"}}`+"\n")
 		var seen []string
+	read:
 		for {
-			got := recv(t, pp.editor)
-			if strings.Contains(got, `"status":"completed"`) || strings.Contains(got, `"id":77`) {
-				break
+			select {
+			case got := <-lines:
+				if strings.Contains(got, `"status":"completed"`) || strings.Contains(got, `"id":77`) {
+					break read
+				}
+				seen = append(seen, got)
+			case <-time.After(5 * time.Second):
+				t.Fatalf("meta %v: the agent's update did not come", meta)
 			}
-			seen = append(seen, got)
 		}
 		if !slices.ContainsFunc(seen, func(l string) bool {
 			return strings.Contains(l, final) && strings.Contains(l, "hello") || meta && strings.Contains(l, final)
