@@ -423,13 +423,17 @@ func (p *Proxy) fromAgent() error {
 // update or its answer to the prompt must not reach the editor before
 // their final output. The watches send nothing more.
 func (p *Proxy) flushEnded() {
+	// Most lines pass with no watch at all: they take no lock the
+	// watches' refreshes hold.
+	p.mu.Lock()
+	none := len(p.textWatches)+len(p.metaWatches) == 0
+	p.mu.Unlock()
+	if none {
+		return
+	}
 	p.updates.Lock()
 	defer p.updates.Unlock()
 	p.mu.Lock()
-	if len(p.textWatches)+len(p.metaWatches) == 0 {
-		p.mu.Unlock()
-		return
-	}
 	var ended []*watch
 	for _, w := range p.textWatches {
 		ended = append(ended, w)
