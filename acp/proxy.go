@@ -399,9 +399,9 @@ func (p *Proxy) fromAgent() error {
 			continue
 		case m.isResponse():
 			p.sessionAnswered(m)
-		case m.Method == "session/update" && containsAny(m.Params, `terminal`, `\`):
+		case (m.Method == "session/update" || m.Method == "session/request_permission") && containsAny(m.Params, `terminal`, `\`):
 			p.updates.Lock()
-			if out := p.rewriteUpdate(body, m.Params); out != nil {
+			if out := p.rewriteTerminals(m, body); out != nil {
 				line = append(out, '\n')
 			}
 			err := p.editor.writeRaw(line)
@@ -881,13 +881,23 @@ func terminalItem(item json.RawMessage) (string, bool) {
 	return c.TerminalID, true
 }
 
-// rewriteUpdate shows the editor the terminals embedded in a tool call. The
-// editor never created them, so their bare ids mean nothing to it. An
-// editor that renders terminal _meta gets terminal_info on the tool call
-// that first shows a terminal, then terminal_output and terminal_exit;
-// any other gets text items holding the output, refreshed as it grows.
-// It returns the new message, or nil to forward the agent's as it is.
-// p.updates is held.
+// rewriteTerminals rewrites the terminals a session/update or a
+// session/request_permission shows, as rewriteUpdate says. p.updates is
+// held.
+func (p *Proxy) rewriteTerminals(m message, body []byte) []byte {
+	if m.Method == "session/request_permission" {
+		return p.rewritePermission(body, m.Params)
+	}
+	return p.rewriteUpdate(body, m.Params)
+}
+
+// rewriteUpdate shows the editor the terminals embedded in a tool call of a
+// session/update. The editor never created them, so their bare ids mean
+// nothing to it. An editor that renders terminal _meta gets terminal_info
+// on the tool call that first shows a terminal, then terminal_output and
+// terminal_exit; any other gets text items holding the output, refreshed
+// as it grows. It returns the new message, or nil to forward the agent's
+// as it is. p.updates is held.
 func (p *Proxy) rewriteUpdate(line []byte, params json.RawMessage) []byte {
 	var n struct {
 		SessionID string                     `json:"sessionId"`
@@ -896,15 +906,39 @@ func (p *Proxy) rewriteUpdate(line []byte, params json.RawMessage) []byte {
 	if json.Unmarshal(params, &n) != nil || n.Update == nil {
 		return nil
 	}
-	var kind, callID string
-	if json.Unmarshal(n.Update["sessionUpdate"], &kind) != nil || json.Unmarshal(n.Update["toolCallId"], &callID) != nil ||
-		(kind != "tool_call" && kind != "tool_call_update") || callID == "" {
+	var kind string
+	if json.Unmarshal(n.Update["sessionUpdate"], &kind) != nil || (kind != "tool_call" && kind != "tool_call_update") {
+		return nil
+	}
+	return p.rewriteToolCall(n.SessionID, kind, n.Update).rewrite(line, "update")
+}
+
+// rewritePermission shows the editor the terminals in the tool call a
+// session/request_permission asks about, as a tool_call_update would:
+// the editor shows that tool call while it asks. p.updates is held.
+func (p *Proxy) rewritePermission(line []byte, params json.RawMessage) []byte {
+	var r struct {
+		SessionID string                     `json:"sessionId"`
+		ToolCall  map[string]json.RawMessage `json:"toolCall"`
+	}
+	if json.Unmarshal(params, &r) != nil || r.ToolCall == nil {
+		return nil
+	}
+	return p.rewriteToolCall(r.SessionID, "tool_call_update", r.ToolCall).rewrite(line, "toolCall")
+}
+
+// rewriteToolCall returns a tool call (update) of kind with its terminals
+// shown as rewriteUpdate says, or nil to keep it as it is. p.updates is
+// held.
+func (p *Proxy) rewriteToolCall(sessionID, kind string, update map[string]json.RawMessage) toolCallRewrite {
+	var callID string
+	if json.Unmarshal(update["toolCallId"], &callID) != nil || callID == "" {
 		return nil
 	}
 	// Also from an update without content: an agent may name its own
 	// terminal in a tool call first and show it in a later update.
-	p.noteAgentTerminals(n.SessionID, n.Update["_meta"])
-	raw, ok := n.Update["content"]
+	p.noteAgentTerminals(sessionID, update["_meta"])
+	raw, ok := update["content"]
 	if !ok || string(raw) == "null" {
 		return nil // a status change: the content, and its refreshes, stay
 	}
@@ -912,7 +946,7 @@ func (p *Proxy) rewriteUpdate(line []byte, params json.RawMessage) []byte {
 	if json.Unmarshal(raw, &content) != nil {
 		return nil
 	}
-	key := toolCallKey{n.SessionID, callID}
+	key := toolCallKey{sessionID, callID}
 	p.mu.Lock()
 	w := p.textWatches[key]
 	metaMode := p.editorMeta
@@ -928,16 +962,16 @@ func (p *Proxy) rewriteUpdate(line []byte, params json.RawMessage) []byte {
 		if !ok {
 			continue
 		}
-		if p.agentTerminal(n.SessionID, id) {
+		if p.agentTerminal(sessionID, id) {
 			continue
 		}
-		t := p.lookup(n.SessionID, id)
+		t := p.lookup(sessionID, id)
 		if t == nil {
-			p.log.Warn("tool call shows an unknown terminal", "session", n.SessionID, "terminal", id)
+			p.log.Warn("tool call shows an unknown terminal", "session", sessionID, "terminal", id)
 			unknown = append(unknown, id)
 			continue
 		}
-		p.remember(n.SessionID, t)
+		p.remember(sessionID, t)
 		ids = append(ids, id)
 		terms = append(terms, t)
 	}
@@ -953,16 +987,16 @@ func (p *Proxy) rewriteUpdate(line []byte, params json.RawMessage) []byte {
 		// A terminal the editor cannot know of takes the text path, which
 		// makes it a note.
 		if kind == "tool_call" && len(ids) == 1 && len(terms) == 1 {
-			if out := p.announce(n.SessionID, callID, n.Update, terms[0]); out != nil {
-				return out.rewrite(line)
+			if out := p.announce(sessionID, callID, update, terms[0]); out != nil {
+				return out
 			}
 		}
-		if p.allAnnounced(n.SessionID, ids) {
+		if p.allAnnounced(sessionID, ids) {
 			return nil
 		}
 	}
 	if w == nil {
-		w = &watch{p: p, sessionID: n.SessionID, toolCallID: callID, wake: make(chan struct{}, 1)}
+		w = &watch{p: p, sessionID: sessionID, toolCallID: callID, wake: make(chan struct{}, 1)}
 		startWatch(p, p.textWatches, key, w)
 	} else if kind == "tool_call_update" && slices.EqualFunc(content, w.content, func(a, b json.RawMessage) bool { return bytes.Equal(a, b) }) {
 		// The same terminals again (a status change that repeats the
@@ -970,14 +1004,14 @@ func (p *Proxy) rewriteUpdate(line []byte, params json.RawMessage) []byte {
 		// refreshes, rather than get all their output once more with
 		// every update.
 		if shown, ok := w.due(); ok {
-			n.Update["content"] = w.show(shown)
+			update["content"] = w.show(shown)
 		} else {
-			delete(n.Update, "content")
+			delete(update, "content")
 		}
-		return updateRewrite(n.Update).rewrite(line)
+		return update
 	}
-	n.Update["content"] = w.setContent(content, terms)
-	return updateRewrite(n.Update).rewrite(line)
+	update["content"] = w.setContent(content, terms)
+	return update
 }
 
 // noteAgentTerminals remembers the terminals a session/update's _meta
@@ -1015,18 +1049,21 @@ func (p *Proxy) agentTerminal(sessionID, id string) bool {
 	return p.agentTerminals[termKey{sessionID, id}]
 }
 
-// updateRewrite is a session/update's new update object.
-type updateRewrite map[string]json.RawMessage
+// toolCallRewrite is the new tool call object of a message.
+type toolCallRewrite map[string]json.RawMessage
 
-// rewrite returns line with params.update replaced, every other field of
-// the message kept, or nil when line is not a session/update.
-func (u updateRewrite) rewrite(line []byte) []byte {
+// rewrite returns line with params.member replaced by u, every other field
+// of the message kept, or nil when u is nil or line has no params.
+func (u toolCallRewrite) rewrite(line []byte, member string) []byte {
+	if u == nil {
+		return nil
+	}
 	var msg, params map[string]json.RawMessage
 	if json.Unmarshal(line, &msg) != nil || json.Unmarshal(msg["params"], &params) != nil || params == nil {
 		return nil
 	}
 	var err error
-	if params["update"], err = marshal(map[string]json.RawMessage(u)); err != nil {
+	if params[member], err = marshal(map[string]json.RawMessage(u)); err != nil {
 		return nil
 	}
 	if msg["params"], err = marshal(params); err != nil {
@@ -1041,7 +1078,7 @@ func (u updateRewrite) rewrite(line []byte) []byte {
 
 // announce adds terminal_info to a tool call and starts streaming the
 // terminal's output as terminal_output and terminal_exit.
-func (p *Proxy) announce(sessionID, callID string, update map[string]json.RawMessage, t *sandbox.Terminal) updateRewrite {
+func (p *Proxy) announce(sessionID, callID string, update map[string]json.RawMessage, t *sandbox.Terminal) toolCallRewrite {
 	meta := map[string]json.RawMessage{}
 	if raw, ok := update["_meta"]; ok && string(raw) != "null" && json.Unmarshal(raw, &meta) != nil {
 		return nil
@@ -1057,7 +1094,7 @@ func (p *Proxy) announce(sessionID, callID string, update map[string]json.RawMes
 		return nil
 	}
 	meta["terminal_info"] = info
-	out := make(updateRewrite, len(update))
+	out := make(toolCallRewrite, len(update))
 	for k, v := range update {
 		out[k] = v
 	}

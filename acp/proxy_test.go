@@ -336,6 +336,11 @@ func TestWrapRewriteUpdate(t *testing.T) {
 			`{"jsonrpc":"2.0","method":"session/update","params":{"_meta":{"keep":1},"sessionId":"s","update":{"content":[{"type":"content","content":{"type":"text","text":"(the output of terminal term_x is not available)"}},{"type":"diff","path":"/a","newText":"b"}],"sessionUpdate":"tool_call","title":"<ls>","toolCallId":"c"}}}`, false},
 		{"unknown terminal, for Zed", `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c","content":[{"type":"terminal","terminalId":"term_x"}]}}}`,
 			`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"content":[{"type":"content","content":{"type":"text","text":"(the output of terminal term_x is not available)"}}],"sessionUpdate":"tool_call","toolCallId":"c"}}}`, true},
+		// The tool call a permission request asks about is shown as the
+		// editor would show it in an update; the request keeps its id.
+		{"permission for an unknown terminal", `{"jsonrpc":"2.0","id":9,"method":"session/request_permission","params":{"sessionId":"s","toolCall":{"toolCallId":"c","content":[{"type":"terminal","terminalId":"term_x"}]},"options":[{"optionId":"a","name":"Allow","kind":"allow_once"}]}}`,
+			`{"id":9,"jsonrpc":"2.0","method":"session/request_permission","params":{"options":[{"optionId":"a","name":"Allow","kind":"allow_once"}],"sessionId":"s","toolCall":{"content":[{"type":"content","content":{"type":"text","text":"(the output of terminal term_x is not available)"}}],"toolCallId":"c"}}}`, false},
+		{"permission without a terminal", `{"jsonrpc":"2.0","id":9,"method":"session/request_permission","params":{"sessionId":"s","toolCall":{"toolCallId":"c","title":"run terminal"},"options":[]}}`, "", false},
 		// One the agent runs itself and names in its own _meta goes on
 		// as it is, for the editor to render from that _meta.
 		{"the agent's own terminal, for Zed", `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"toolu_1","kind":"execute","content":[{"type":"terminal","terminalId":"toolu_1"}],"_meta":{"terminal_info":{"terminal_id":"toolu_1","cwd":"/w"}}}}}`, "", true},
@@ -348,7 +353,7 @@ func TestWrapRewriteUpdate(t *testing.T) {
 			var m message
 			json.Unmarshal([]byte(tc.line), &m)
 			p.updates.Lock() // as fromAgent holds it
-			got := p.rewriteUpdate([]byte(tc.line), m.Params)
+			got := p.rewriteTerminals(m, []byte(tc.line))
 			p.updates.Unlock()
 			if string(got) != tc.want {
 				t.Errorf("got  %s\nwant %s", got, tc.want)

@@ -48,6 +48,7 @@ type editor struct {
 	mu      sync.Mutex
 	updates []acpsdk.SessionNotification
 	raw     []string // the updates as JSON, for _meta checks
+	asked   []string // the permission requests as JSON
 	changed chan struct{}
 }
 
@@ -63,7 +64,11 @@ func (e *editor) SessionUpdate(_ context.Context, n acpsdk.SessionNotification) 
 }
 
 func (e *editor) RequestPermission(_ context.Context, p acpsdk.RequestPermissionRequest) (acpsdk.RequestPermissionResponse, error) {
-	if p.ToolCall.Title == nil || *p.ToolCall.Title != "Delete the build directory" || len(p.Options) != 2 {
+	b, _ := json.Marshal(p)
+	e.mu.Lock()
+	e.asked = append(e.asked, string(b))
+	e.mu.Unlock()
+	if p.ToolCall.ToolCallId == "perm_1" && (p.ToolCall.Title == nil || *p.ToolCall.Title != "Delete the build directory" || len(p.Options) != 2) {
 		e.t.Errorf("permission request arrived changed: %+v", p)
 	}
 	return acpsdk.RequestPermissionResponse{Outcome: acpsdk.RequestPermissionOutcome{Selected: &acpsdk.RequestPermissionOutcomeSelected{OptionId: "allow"}}}, nil
@@ -503,6 +508,37 @@ func TestWrapShowsLiveOutputAsText(t *testing.T) {
 		if strings.HasPrefix(text, "TERMINAL:") {
 			t.Errorf("a bare terminal id reached an editor that never created it: %s", text)
 		}
+	}
+}
+
+// TestWrapShowsTheTerminalOfAPermissionRequest: the tool call a
+// permission request asks about shows its terminal's output, not a bare
+// id the editor never created.
+func TestWrapShowsTheTerminalOfAPermissionRequest(t *testing.T) {
+	ws := workspace(t)
+	w := startWrap(t, ws, acpsdk.ClientCapabilities{})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sid := w.newSession(t, ctx, ws)
+	if got := w.prompt(t, ctx, sid, "ask echo about to delete; exit 3"); got != "permission: allow" {
+		t.Errorf("agent result = %q", got)
+	}
+	w.ed.mu.Lock()
+	asked := w.ed.asked
+	w.ed.mu.Unlock()
+	if len(asked) != 1 {
+		t.Fatalf("permission requests: %q", asked)
+	}
+	var p acpsdk.RequestPermissionRequest
+	if err := json.Unmarshal([]byte(asked[0]), &p); err != nil {
+		t.Fatal(err)
+	}
+	c := p.ToolCall.Content
+	if len(c) != 1 || c[0].Content == nil || c[0].Content.Content.Text == nil || c[0].Content.Content.Text.Text != "about to delete\n\n[exit code 3]" {
+		t.Errorf("the permission request shows %s", asked[0])
+	}
+	if !strings.HasPrefix(string(p.ToolCall.ToolCallId), "ask_term_") || len(p.Options) != 1 || p.Options[0].OptionId != "allow" {
+		t.Errorf("the permission request changed: %s", asked[0])
 	}
 }
 

@@ -143,6 +143,8 @@ func (a *agent) Prompt(ctx context.Context, p acp.PromptRequest) (acp.PromptResp
 		if err == nil && res.Outcome.Selected != nil {
 			reply = "permission: " + string(res.Outcome.Selected.OptionId)
 		}
+	case "ask":
+		reply, err = a.ask(ctx, p.SessionId, cwd, arg)
 	case "read":
 		var res acp.ReadTextFileResponse
 		res, err = a.conn.ReadTextFile(ctx, acp.ReadTextFileRequest{SessionId: p.SessionId, Path: arg})
@@ -184,6 +186,34 @@ func (a *agent) finish(ctx context.Context, sid acp.SessionId, id string) (acp.W
 	}
 	_, err = a.conn.ReleaseTerminal(ctx, acp.ReleaseTerminalRequest{SessionId: sid, TerminalId: id})
 	return st, out, err
+}
+
+// ask runs line in a terminal, then asks for permission to go on with the
+// terminal shown in the tool call, as an agent asks before its next step.
+func (a *agent) ask(ctx context.Context, sid acp.SessionId, cwd, line string) (string, error) {
+	t, err := a.conn.CreateTerminal(ctx, acp.CreateTerminalRequest{SessionId: sid, Command: "/bin/sh", Args: []string{"-c", line}, Cwd: &cwd})
+	if err != nil {
+		return "", err
+	}
+	if _, err := a.conn.WaitForTerminalExit(ctx, acp.WaitForTerminalExitRequest{SessionId: sid, TerminalId: t.TerminalId}); err != nil {
+		return "", err
+	}
+	res, err := a.conn.RequestPermission(ctx, acp.RequestPermissionRequest{
+		SessionId: sid,
+		ToolCall: acp.ToolCallUpdate{ToolCallId: acp.ToolCallId("ask_" + t.TerminalId), Title: acp.Ptr("Go on?"),
+			Content: []acp.ToolCallContent{acp.ToolTerminalRef(t.TerminalId)}},
+		Options: []acp.PermissionOption{{Kind: acp.PermissionOptionKindAllowOnce, Name: "Allow", OptionId: "allow"}},
+	})
+	if err != nil {
+		return "", err
+	}
+	if _, err := a.conn.ReleaseTerminal(ctx, acp.ReleaseTerminalRequest{SessionId: sid, TerminalId: t.TerminalId}); err != nil {
+		return "", err
+	}
+	if res.Outcome.Selected == nil {
+		return "cancelled", nil
+	}
+	return "permission: " + string(res.Outcome.Selected.OptionId), nil
 }
 
 // start shows line running in a terminal in a tool call and leaves it
