@@ -377,6 +377,15 @@ func (p *Proxy) fromAgent() error {
 			continue
 		}
 		m, err := decodeStrict(body)
+		if err != nil && !mayNeedProxy(body) {
+			// Looked into only for a session call of the editor's that
+			// waits for its answer: a line that cannot be a terminal
+			// request goes on as it would with none waiting.
+			if err := p.editor.writeRaw(line); err != nil {
+				return ErrEditorClosed
+			}
+			continue
+		}
 		if err != nil {
 			p.log.Warn("dropped a message from the agent that is not JSON-RPC", "err", err, "line", truncate(body, 200))
 			continue

@@ -227,6 +227,25 @@ func TestWrapProxyDropsAgentLinesThatAreNotMessages(t *testing.T) {
 	}
 }
 
+// TestWrapProxyRelaysAmbiguousLinesAlike: a line that cannot be a
+// terminal request goes on whether or not a session call of the editor's
+// waits for its answer, however its members are spelled.
+func TestWrapProxyRelaysAmbiguousLinesAlike(t *testing.T) {
+	pp := startProxy(t)
+	line := `{"jsonrpc":"2.0","method":"x/y","Method":"x/z","params":{},"Params":[]}` + "\n"
+	send(t, pp.toProxyFromAgent, line)
+	if got := recv(t, pp.editor); got != line {
+		t.Errorf("with no session call waiting: editor got %q, want %q", got, line)
+	}
+	newSession := `{"jsonrpc":"2.0","id":1,"method":"session/new","params":{"cwd":"/","mcpServers":[]}}` + "\n"
+	send(t, pp.toProxyFromEditor, newSession)
+	recv(t, pp.agent)
+	send(t, pp.toProxyFromAgent, line)
+	if got := recv(t, pp.editor); got != line {
+		t.Errorf("with session/new waiting: editor got %q, want %q", got, line)
+	}
+}
+
 func TestWrapProxyAnswersTerminalRequestsItself(t *testing.T) {
 	tests := []struct {
 		name     string
