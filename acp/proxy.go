@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math"
 	"path/filepath"
 	"slices"
@@ -506,39 +507,34 @@ func marshal(v any) ([]byte, error) {
 // remembers whether the editor renders terminal _meta. Every other field
 // stays as the editor wrote it. It returns nil when it cannot rewrite.
 func (p *Proxy) rewriteInitialize(line []byte) []byte {
-	var msg map[string]json.RawMessage
-	if json.Unmarshal(line, &msg) != nil {
-		return nil
-	}
-	var params map[string]json.RawMessage
-	if json.Unmarshal(msg["params"], &params) != nil || params == nil {
+	params, ok := memberValue(line, "params")
+	if !ok || !isObject(params) {
 		return nil
 	}
 	// Capabilities that are no object are what the agent reads as none
 	// (x-deserialize-default-on-error): they become an object saying
 	// terminals, so that the agent never falls back to running commands
 	// itself, on the host.
-	var caps map[string]json.RawMessage
-	if json.Unmarshal(params["clientCapabilities"], &caps) != nil || caps == nil {
-		caps = map[string]json.RawMessage{}
+	caps := []byte(`{"terminal":true}`)
+	if given, ok := memberValue(params, "clientCapabilities"); ok && isObject(given) {
+		var meta struct {
+			TerminalOutput bool `json:"terminal_output"`
+		}
+		if raw, ok := memberValue(given, "_meta"); ok && json.Unmarshal(raw, &meta) == nil {
+			p.mu.Lock()
+			p.editorMeta = meta.TerminalOutput
+			p.mu.Unlock()
+		}
+		var err error
+		if caps, err = setMember(given, "terminal", []byte("true"), true); err != nil {
+			return nil
+		}
 	}
-	var meta struct {
-		TerminalOutput bool `json:"terminal_output"`
-	}
-	if raw, ok := caps["_meta"]; ok && json.Unmarshal(raw, &meta) == nil {
-		p.mu.Lock()
-		p.editorMeta = meta.TerminalOutput
-		p.mu.Unlock()
-	}
-	caps["terminal"] = json.RawMessage("true")
-	var err error
-	if params["clientCapabilities"], err = marshal(caps); err != nil {
+	params, err := setMember(params, "clientCapabilities", caps, false)
+	if err != nil {
 		return nil
 	}
-	if msg["params"], err = marshal(params); err != nil {
-		return nil
-	}
-	out, err := marshal(msg)
+	out, err := setMember(line, "params", params, false)
 	if err != nil {
 		return nil
 	}
@@ -1061,24 +1057,46 @@ func (p *Proxy) agentTerminal(sessionID, id string) bool {
 // toolCallRewrite is the new tool call object of a message.
 type toolCallRewrite map[string]json.RawMessage
 
-// rewrite returns line with params.member replaced by u, every other field
-// of the message kept, or nil when u is nil or line has no params.
+// rewrite returns line with params.member made u: the members u changes,
+// adds or drops are edited in place, and every other byte of the message
+// stays as the agent wrote it. It returns nil when u is nil or line has
+// no such object.
 func (u toolCallRewrite) rewrite(line []byte, member string) []byte {
 	if u == nil {
 		return nil
 	}
-	var msg, params map[string]json.RawMessage
-	if json.Unmarshal(line, &msg) != nil || json.Unmarshal(msg["params"], &params) != nil || params == nil {
+	params, ok := memberValue(line, "params")
+	if !ok {
 		return nil
 	}
-	var err error
-	if params[member], err = marshal(map[string]json.RawMessage(u)); err != nil {
+	orig, ok := memberValue(params, member)
+	if !ok {
 		return nil
 	}
-	if msg["params"], err = marshal(params); err != nil {
+	spans, err := objectMembers(orig)
+	if err != nil {
 		return nil
 	}
-	out, err := marshal(msg)
+	obj := orig
+	for _, s := range spans {
+		if _, keep := u[s.name]; !keep {
+			if obj, err = deleteMember(obj, s.name); err != nil {
+				return nil
+			}
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(u)) {
+		if was, ok := memberValue(orig, name); ok && bytes.Equal(was, u[name]) {
+			continue
+		}
+		if obj, err = setMember(obj, name, u[name], false); err != nil {
+			return nil
+		}
+	}
+	if params, err = setMember(params, member, obj, false); err != nil {
+		return nil
+	}
+	out, err := setMember(line, "params", params, false)
 	if err != nil {
 		return nil
 	}
@@ -1088,9 +1106,12 @@ func (u toolCallRewrite) rewrite(line []byte, member string) []byte {
 // announce adds terminal_info to a tool call and starts streaming the
 // terminal's output as terminal_output and terminal_exit.
 func (p *Proxy) announce(sessionID, callID string, update map[string]json.RawMessage, t *sandbox.Terminal) toolCallRewrite {
-	meta := map[string]json.RawMessage{}
-	if raw, ok := update["_meta"]; ok && string(raw) != "null" && json.Unmarshal(raw, &meta) != nil {
-		return nil
+	meta := []byte("{}")
+	if raw, ok := update["_meta"]; ok && string(raw) != "null" {
+		if !isObject(raw) {
+			return nil
+		}
+		meta = raw
 	}
 	cwd := t.Command().Cwd
 	if cwd == "" {
@@ -1102,12 +1123,11 @@ func (p *Proxy) announce(sessionID, callID string, update map[string]json.RawMes
 	if err != nil {
 		return nil
 	}
-	meta["terminal_info"] = info
 	out := make(toolCallRewrite, len(update))
 	for k, v := range update {
 		out[k] = v
 	}
-	if out["_meta"], err = marshal(meta); err != nil {
+	if out["_meta"], err = setMember(meta, "terminal_info", info, false); err != nil {
 		return nil
 	}
 	key := termKey{sessionID, t.ID}
