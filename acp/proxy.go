@@ -530,11 +530,12 @@ func (p *Proxy) rewriteInitialize(line []byte) []byte {
 			return nil
 		}
 	}
-	params, err := setMember(params, "clientCapabilities", caps, false)
+	// In every spelling an agent's parser may take for these members.
+	params, err := setMember(params, "clientCapabilities", caps, true)
 	if err != nil {
 		return nil
 	}
-	out, err := setMember(line, "params", params, false)
+	out, err := setMember(line, "params", params, true)
 	if err != nil {
 		return nil
 	}

@@ -315,6 +315,9 @@ func TestWrapRewriteInitialize(t *testing.T) {
 			`{"jsonrpc":"2.0","id":"a","method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{"terminal":true,"_meta":{"terminal_output":true,"x":[1]}},"_meta":{"k":"<v&>"}}}`, true},
 		{"meta without terminal_output", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{"_meta":{"terminal-auth":true}}}}`,
 			`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{"terminal":true,"_meta":{"terminal-auth":true}}}}`, false},
+		// Go's encoding/json reads the last of "params" and "Params".
+		{"params in another case too", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":1},"Params":{"clientCapabilities":{"terminal":false}}}`,
+			`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"clientCapabilities":{"terminal":true},"protocolVersion":1},"Params":{"clientCapabilities":{"terminal":true},"protocolVersion":1}}`, false},
 		{"params not an object", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":null}`, "", false},
 	}
 	for _, tc := range tests {
