@@ -515,6 +515,33 @@ func TestGitMetadataIsReadOnly(t *testing.T) {
 	}
 }
 
+// TestGitMadeDuringASessionIsReported: a repository made in a session,
+// which no read-only mount covers, is named in the log when the session
+// closes, for the person to look at before running git in it; one that
+// was there and protected is not.
+func TestGitMadeDuringASessionIsReported(t *testing.T) {
+	ws := workspace(t)
+	subdir(t, subdir(t, ws, "old"), ".git")
+	subdir(t, ws, "new")
+	srv := startServe(t, ws)
+	a := srv.agent()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if out, st := sh(t, ctx, a, "s", "mkdir new/.git && echo 'ref: refs/heads/main' > new/.git/HEAD && echo made"); out != "made\n" {
+		t.Fatalf("got %q (%s)", out, exitCode(st))
+	}
+	srv.stop(t)
+	logs := srv.stderr.String()
+	i := strings.Index(logs, "git metadata appeared")
+	if i < 0 {
+		t.Fatalf("no warning of the repository made in the session:\n%s", logs)
+	}
+	line, _, _ := strings.Cut(logs[i:], "\n")
+	if !strings.Contains(line, filepath.Join(ws, "new", ".git")) || strings.Contains(line, filepath.Join(ws, "old")) {
+		t.Errorf("the warning names other paths than the one made: %s", line)
+	}
+}
+
 // TestGrantedMountOverARepository: a granted mount at a directory of the
 // workspace that holds a repository shows what it grants; the repository
 // there, which the container does not show, gets no mounts of its own.

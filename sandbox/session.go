@@ -66,6 +66,7 @@ type Session struct {
 	mu        sync.Mutex
 	terminals map[string]*Terminal
 	closed    bool
+	ran       bool // a command was started
 	lastUsed  time.Time
 	oomSeen   int64
 	// oomSpare counts the kills of the last rise beyond the one put down
@@ -843,6 +844,34 @@ func (s *Session) gitUnchanged() bool {
 	return err == nil && slices.Equal(now, s.gitSeen)
 }
 
+// gitMade returns the git metadata in the session's directories that
+// protectGit did not find when the container started (`git init`, a
+// clone): nothing kept commands from writing it.
+func (s *Session) gitMade() []string {
+	select {
+	case <-s.ready:
+	default:
+		return nil // never started: nothing ran
+	}
+	s.mu.Lock()
+	sources := s.mountSources
+	s.mu.Unlock()
+	if !s.m.cfg.Session.guardsGit() || s.err != nil || sources == nil {
+		return nil
+	}
+	now, err := statGitMetadata(sources, hostMountPoints())
+	if err != nil {
+		return nil
+	}
+	var made []string
+	for _, g := range now {
+		if !slices.Contains(s.gitSeen, g) {
+			made = append(made, g.path)
+		}
+	}
+	return made
+}
+
 // gitMetadataOf finds the git metadata in the session directories (real,
 // links resolved) and in the directories right below them (a folder of
 // projects, which editors search for repositories one level down): each
@@ -1385,6 +1414,13 @@ func (s *Session) Close(ctx context.Context) error {
 		s.closeErr = s.removeContainer()
 		if s.closeErr != nil {
 			s.m.removeLater(s)
+		}
+		s.mu.Lock()
+		ran := s.ran
+		s.mu.Unlock()
+		if made := s.gitMade(); ran && len(made) > 0 {
+			s.m.log.Warn("git metadata appeared in the session's directories while it ran, with no read-only mount over it: commands may have set hooks or config there; look at them before you run git in it on the host",
+				"session", s.ID, "paths", made)
 		}
 		for _, t := range terms {
 			t.close()

@@ -252,6 +252,7 @@ func (s *Session) Start(ctx context.Context, c Command) (*Terminal, error) {
 	// Reserve the slot so concurrent creates respect the maximum.
 	s.terminals[id] = t
 	s.lastUsed = time.Now()
+	s.ran = true
 	s.mu.Unlock()
 
 	if err := t.start(ctx, cwd); err != nil {
