@@ -95,20 +95,21 @@ func setMember(obj []byte, name string, value []byte, fold bool) ([]byte, error)
 	return append(out, obj[at:]...), nil
 }
 
-// deleteMember returns obj without the members named name. The members
-// kept keep the separators that came before them.
-func deleteMember(obj []byte, name string) ([]byte, error) {
+// deleteMember returns obj without the members named name (of any case
+// with fold). The members kept keep the separators that came before them.
+func deleteMember(obj []byte, name string, fold bool) ([]byte, error) {
 	spans, err := objectMembers(obj)
 	if err != nil {
 		return nil, err
 	}
-	if !slices.ContainsFunc(spans, func(s memberSpan) bool { return s.name == name }) {
+	named := func(s memberSpan) bool { return s.name == name || fold && strings.EqualFold(s.name, name) }
+	if !slices.ContainsFunc(spans, named) {
 		return obj, nil
 	}
 	out := append([]byte(nil), obj[:spans[0].start]...)
 	first := true
 	for i, s := range spans {
-		if s.name == name {
+		if named(s) {
 			continue
 		}
 		if !first {

@@ -40,17 +40,22 @@ func TestSetMember(t *testing.T) {
 }
 
 func TestDeleteMember(t *testing.T) {
-	tests := []struct{ name, obj, member, want string }{
-		{"first", `{"a":1, "b":2}`, "a", `{"b":2}`},
-		{"middle", `{"b":1, "a":[1,2] , "c":3}`, "a", `{"b":1 , "c":3}`},
-		{"last", `{"b":1,"a":2 }`, "a", `{"b":1 }`},
-		{"only", `{ "a":2 }`, "a", `{  }`},
-		{"repeats, side by side", `{"a":1,"a":2,"b":3,"a":4}`, "a", `{"b":3}`},
-		{"absent", `{"b":1}`, "a", `{"b":1}`},
+	tests := []struct {
+		name, obj, member, want string
+		fold                    bool
+	}{
+		{"first", `{"a":1, "b":2}`, "a", `{"b":2}`, false},
+		{"middle", `{"b":1, "a":[1,2] , "c":3}`, "a", `{"b":1 , "c":3}`, false},
+		{"last", `{"b":1,"a":2 }`, "a", `{"b":1 }`, false},
+		{"only", `{ "a":2 }`, "a", `{  }`, false},
+		{"repeats, side by side", `{"a":1,"a":2,"b":3,"a":4}`, "a", `{"b":3}`, false},
+		{"absent", `{"b":1}`, "a", `{"b":1}`, false},
+		{"exact without fold", `{"A":1,"a":2}`, "a", `{"A":1}`, false},
+		{"any case with fold", `{"A":1,"b":2,"a":3}`, "a", `{"b":2}`, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := deleteMember([]byte(tc.obj), tc.member)
+			got, err := deleteMember([]byte(tc.obj), tc.member, tc.fold)
 			if err != nil || string(got) != tc.want {
 				t.Errorf("deleteMember(%s, %q) = %s, %v; want %s", tc.obj, tc.member, got, err, tc.want)
 			}
@@ -93,7 +98,7 @@ func FuzzObjectEdit(f *testing.F) {
 		}
 		out, err := setMember([]byte(obj), "a", []byte(`{"n":1}`), false)
 		check("setMember", out, err, func(m map[string]json.RawMessage) { m["a"] = json.RawMessage(`{"n":1}`) })
-		out, err = deleteMember([]byte(obj), "a")
+		out, err = deleteMember([]byte(obj), "a", false)
 		check("deleteMember", out, err, func(m map[string]json.RawMessage) { delete(m, "a") })
 	})
 }

@@ -1078,10 +1078,12 @@ func (u toolCallRewrite) rewrite(line []byte, member string) []byte {
 	if err != nil {
 		return nil
 	}
+	// A member changed or dropped is, in every spelling an editor's
+	// parser may take for it: none reads the agent's old value.
 	obj := orig
 	for _, s := range spans {
 		if _, keep := u[s.name]; !keep {
-			if obj, err = deleteMember(obj, s.name); err != nil {
+			if obj, err = deleteMember(obj, s.name, true); err != nil {
 				return nil
 			}
 		}
@@ -1090,7 +1092,7 @@ func (u toolCallRewrite) rewrite(line []byte, member string) []byte {
 		if was, ok := memberValue(orig, name); ok && bytes.Equal(was, u[name]) {
 			continue
 		}
-		if obj, err = setMember(obj, name, u[name], false); err != nil {
+		if obj, err = setMember(obj, name, u[name], true); err != nil {
 			return nil
 		}
 	}

@@ -347,6 +347,10 @@ func TestWrapRewriteUpdate(t *testing.T) {
 			`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c","title":"<ls>","content":[{"type":"content","content":{"type":"text","text":"(the output of terminal term_x is not available)"}},{"type":"diff","path":"/a","newText":"b"}]},"_meta":{"keep":1}}}`, false},
 		{"unknown terminal, for Zed", `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c","content":[{"type":"terminal","terminalId":"term_x"}]}}}`,
 			`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c","content":[{"type":"content","content":{"type":"text","text":"(the output of terminal term_x is not available)"}}]}}}`, true},
+		// An editor that matches names regardless of case reads no bare
+		// terminal id either.
+		{"content in two spellings", `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c","content":[{"type":"terminal","terminalId":"term_x"}],"Content":[{"type":"terminal","terminalId":"term_x"}]}}}`,
+			`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c","content":[{"type":"content","content":{"type":"text","text":"(the output of terminal term_x is not available)"}}],"Content":[{"type":"content","content":{"type":"text","text":"(the output of terminal term_x is not available)"}}]}}}`, false},
 		// The tool call a permission request asks about is shown as the
 		// editor would show it in an update; the request keeps its id.
 		{"permission for an unknown terminal", `{"jsonrpc":"2.0","id":9,"method":"session/request_permission","params":{"sessionId":"s","toolCall":{"toolCallId":"c","content":[{"type":"terminal","terminalId":"term_x"}]},"options":[{"optionId":"a","name":"Allow","kind":"allow_once"}]}}`,
