@@ -62,9 +62,10 @@ type Proxy struct {
 	// refreshes, nor a stale one after the agent replaced the content.
 	updates sync.Mutex
 
-	mu      sync.Mutex
-	closing bool
-	wg      sync.WaitGroup
+	// work is the background work Run waits for as it ends.
+	work workGroup
+
+	mu sync.Mutex
 	// sessionCalls are editor requests whose answer opens or ends a
 	// session, by request id.
 	sessionCalls map[string]sessionCall
@@ -170,39 +171,13 @@ func (p *Proxy) Run(ctx context.Context) error {
 		why = ctx.Err()
 	}
 	cancel()
-	p.mu.Lock()
-	p.closing = true
-	p.mu.Unlock()
 	// A watch blocked writing to an editor that stopped reading sees the
 	// cancellation only once its write returns, which may be never: the
 	// caller must still get to stop the agent and remove the containers.
-	waited := make(chan struct{})
-	go func() {
-		p.wg.Wait()
-		close(waited)
-	}()
-	select {
-	case <-waited:
-	case <-time.After(stopTimeout):
+	if !p.work.Stop(stopTimeout) {
 		p.log.Warn("relay ended with work still in flight (a peer that does not read?)", "waited", stopTimeout)
 	}
 	return why
-}
-
-// background runs f in a goroutine that Run waits for, unless Run is
-// already ending.
-func (p *Proxy) background(f func()) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closing {
-		return false
-	}
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		f()
-	}()
-	return true
 }
 
 // mayConcernProxy reports whether an editor line may be one of the
@@ -576,7 +551,7 @@ func (p *Proxy) answerTerminal(m message) {
 		p.mu.Unlock()
 		cancel()
 	}
-	started := p.background(func() {
+	started := p.work.Go(func() {
 		defer release() // after the reply is written: it holds the memory
 		res, built, err := p.limit.run(ctx, p.terms, m.Method, m.Params)
 		defer built() // after the reply is written
@@ -598,7 +573,7 @@ func (p *Proxy) terminalNotified(m message) {
 		p.log.Warn("terminal notification from the agent not run", "method", m.Method, "err", err)
 		return
 	}
-	started := p.background(func() {
+	started := p.work.Go(func() {
 		defer release()
 		_, built, err := p.limit.run(p.ctx, p.terms, m.Method, m.Params)
 		built()
@@ -813,7 +788,7 @@ func (p *Proxy) closeSession(id string) {
 	if remove == nil {
 		return
 	}
-	p.background(func() {
+	p.work.Go(func() {
 		if err := remove(context.WithoutCancel(p.ctx)); err != nil {
 			p.log.Warn("close session", "session", id, "err", err)
 		}
@@ -1172,7 +1147,7 @@ func startWatch[K comparable](p *Proxy, watches map[K]*watch, key K, w *watch) {
 		}
 		p.mu.Unlock()
 	}
-	if !p.background(func() { w.run(p.ctx) }) {
+	if !p.work.Go(func() { w.run(p.ctx) }) {
 		w.forget()
 	}
 }

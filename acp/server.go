@@ -326,9 +326,11 @@ type Dispatcher struct {
 	// own, for the reason LineStream.late gives.
 	late chan struct{}
 
+	// work is the requests in flight and the replies written apart.
+	work workGroup
+
 	mu      sync.Mutex
 	pending map[string]context.CancelFunc
-	wg      sync.WaitGroup
 }
 
 // NewDispatcher wraps h.
@@ -375,9 +377,7 @@ func (d *Dispatcher) Handle(ctx context.Context, conn *jsonrpc2.Conn, req *jsonr
 	d.mu.Lock()
 	d.pending[key] = cancel
 	d.mu.Unlock()
-	d.wg.Add(1)
-	go func() {
-		defer d.wg.Done()
+	started := d.work.Go(func() {
 		defer release() // after the reply is written: it holds the memory
 		var params json.RawMessage
 		if req.Params != nil {
@@ -397,7 +397,15 @@ func (d *Dispatcher) Handle(ctx context.Context, conn *jsonrpc2.Conn, req *jsonr
 		if rerr := conn.Reply(ctx, req.ID, res); rerr != nil {
 			d.log.Debug("reply", "method", req.Method, "err", rerr)
 		}
-	}()
+	})
+	if !started {
+		// The connection is ending: the peer gets no more answers.
+		d.mu.Lock()
+		delete(d.pending, key)
+		d.mu.Unlock()
+		cancel()
+		release()
+	}
 }
 
 // notified acts on a notification that asks for something done without an
@@ -417,16 +425,17 @@ func (d *Dispatcher) notified(ctx context.Context, req *jsonrpc2.Request) {
 	if req.Params != nil {
 		params = *req.Params
 	}
-	d.wg.Add(1)
-	go func() {
-		defer d.wg.Done()
+	started := d.work.Go(func() {
 		defer release()
 		_, built, err := d.limit.run(ctx, d.h, req.Method, params)
 		built()
 		if err != nil {
 			d.log.Warn("notification", "method", req.Method, "err", err)
 		}
-	}()
+	})
+	if !started {
+		release()
+	}
 }
 
 // actsWithoutAnswer tells the terminal methods that do something when sent
@@ -468,12 +477,13 @@ func (d *Dispatcher) replyError(ctx context.Context, conn *jsonrpc2.Conn, req *j
 func (d *Dispatcher) later(reply func()) {
 	select {
 	case d.late <- struct{}{}:
-		d.wg.Add(1)
-		go func() {
-			defer d.wg.Done()
+		started := d.work.Go(func() {
 			defer func() { <-d.late }()
 			reply()
-		}()
+		})
+		if !started {
+			<-d.late // the connection is ending: no more answers
+		}
 	default:
 		reply()
 	}
@@ -514,8 +524,9 @@ func (d *Dispatcher) cancelAll() {
 	}
 }
 
-// Wait waits for every request in flight to be answered.
-func (d *Dispatcher) Wait() { d.wg.Wait() }
+// Stop starts no more requests and waits, at most timeout, for those in
+// flight to be answered; it reports whether they all were.
+func (d *Dispatcher) Stop(timeout time.Duration) bool { return d.work.Stop(timeout) }
 
 // Serve answers ACP terminal requests on rwc until the peer disconnects,
 // then closes every session the connection opened.
@@ -533,7 +544,11 @@ func Serve(ctx context.Context, rwc io.ReadWriteCloser, t *Terminals, log *slog.
 	// Requests still waiting (wait_for_exit) end when their sessions close.
 	cctx := context.WithoutCancel(ctx)
 	err := t.Close(cctx)
-	d.Wait()
+	// A reply blocked writing to a peer that stopped reading may never
+	// end; shutdown must go on all the same.
+	if !d.Stop(stopTimeout) {
+		log.Warn("connection ended with replies unwritten (a peer that does not read?)", "waited", stopTimeout)
+	}
 	return err
 }
 

@@ -6,10 +6,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -433,5 +435,73 @@ func TestCreateNamesItemsByTheirPlace(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, sandbox.ErrInvalid) {
 			t.Errorf("%.120s: err = %v, want %q", tc.params, err, tc.want)
 		}
+	}
+}
+
+// TestServeEndsWhileAReplyCannotBeWritten: a peer that stops reading
+// leaves a reply blocked in its write; a shutdown must end Serve all the
+// same, within stopTimeout, not wait for that write for ever.
+func TestServeEndsWhileAReplyCannotBeWritten(t *testing.T) {
+	in, inW := io.Pipe()
+	defer inW.Close()
+	out := &stuckWriter{entered: make(chan struct{}), release: make(chan struct{})}
+	defer close(out.release)
+	ctx, cancel := context.WithCancel(context.Background())
+	var logs syncBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- Serve(ctx, pipeConn{in, out}, NewTerminals(nil, "c", "/w", sandbox.SessionSpec{}), slog.New(slog.NewTextHandler(&logs, nil)))
+	}()
+	for i := range 3 {
+		fmt.Fprintf(inW, `{"jsonrpc":"2.0","id":%d,"method":"no/such"}`+"\n", i)
+	}
+	<-out.entered
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+		if !strings.Contains(logs.String(), "replies unwritten") {
+			t.Errorf("logs %q, want the reply left blocked named", logs.String())
+		}
+	case <-time.After(stopTimeout + 20*time.Second):
+		t.Fatal("Serve did not end after its context was cancelled while a reply was blocked")
+	}
+}
+
+// stuckWriter is a peer that stops reading: every write blocks until
+// release.
+type stuckWriter struct {
+	once    sync.Once
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (w *stuckWriter) Write(p []byte) (int, error) {
+	w.once.Do(func() { close(w.entered) })
+	<-w.release
+	return 0, io.ErrClosedPipe
+}
+
+func TestWorkGroupStartsNothingOnceStopping(t *testing.T) {
+	var g workGroup
+	release := make(chan struct{})
+	if !g.Go(func() { <-release }) {
+		t.Fatal("Go before Stop refused")
+	}
+	if g.Stop(10 * time.Millisecond) {
+		t.Error("Stop reported all work ended while one still blocks")
+	}
+	ran := false
+	if g.Go(func() { ran = true }) {
+		t.Error("Go after Stop started work")
+	}
+	close(release)
+	if !g.Stop(time.Minute) {
+		t.Error("Stop did not see the work end")
+	}
+	if ran {
+		t.Error("work refused by Go ran")
 	}
 }
