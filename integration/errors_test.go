@@ -1,8 +1,11 @@
 package integration
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -10,6 +13,7 @@ import (
 	"time"
 
 	acpsdk "github.com/coder/acp-go-sdk"
+	"github.com/moby/moby/client"
 )
 
 func TestBadRequestsLeaveOthersAlone(t *testing.T) {
@@ -104,6 +108,54 @@ func TestMissingImageAndEngineSaySo(t *testing.T) {
 	out, err = cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "Docker Engine running") {
 		t.Errorf("serve without an engine: err %v, output %q; want a failure that says to start the engine", err, out)
+	}
+}
+
+// TestImageWithoutSleepSaysSoAndLeavesNoContainer opens a session in an
+// image that has no sleep: the engine starts its container as if all were
+// well and it stops at once. The agent learns why, and the container is
+// gone while sandboxd still runs, not only at its exit.
+func TestImageWithoutSleepSaysSoAndLeavesNoContainer(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const ref = "sandboxd-test/no-sleep:1"
+	var layer bytes.Buffer
+	tw := tar.NewWriter(&layer)
+	body := []byte("nothing to run here\n")
+	if err := tw.WriteHeader(&tar.Header{Name: "README", Mode: 0o644, Size: int64(len(body))}); err != nil {
+		t.Fatal(err)
+	}
+	tw.Write(body)
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := testEnv.cli.ImageImport(ctx, client.ImageImportSource{Source: &layer, SourceName: "-"}, ref, client.ImageImportOptions{})
+	if err != nil {
+		t.Fatalf("import an image without sleep: %v", err)
+	}
+	io.Copy(io.Discard, res)
+	res.Close()
+	t.Cleanup(func() {
+		testEnv.cli.ImageRemove(context.Background(), ref, client.ImageRemoveOptions{Force: true})
+	})
+	cfg := filepath.Join(t.TempDir(), "no-sleep.toml")
+	writeFile(t, cfg, strings.Replace(testConfig, "[session]\n", "[session]\nimage = \""+ref+"\"\n", 1))
+
+	cmd := exec.Command(testEnv.bin, "serve", "--config", cfg)
+	cmd.Dir = workspace(t)
+	srv := startServeCmd(t, cmd)
+	c := srv.raw()
+	rep := c.call(t, 1, "terminal/create", map[string]any{"sessionId": "s", "command": "true"})
+	if rep.Error == nil {
+		t.Fatalf("terminal/create in an image without sleep: %s, want an error", rep.Result)
+	}
+	for _, want := range []string{"exit code 127", "sleep", ref} {
+		if !strings.Contains(rep.Error.Message, want) {
+			t.Errorf("error %q does not say %q", rep.Error.Message, want)
+		}
+	}
+	if ids := containersOf(t, cmd.Process.Pid); len(ids) > 0 {
+		t.Errorf("the failed start left %d container(s) while sandboxd runs: %v", len(ids), ids)
 	}
 }
 

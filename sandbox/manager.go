@@ -307,7 +307,7 @@ func (m *Manager) dropStaleSpare() {
 	}
 	m.spare = nil
 	m.log.Info("spare container dropped: the workspace's git metadata changed", "container", s.contID[:12])
-	m.wg.Go(func() { s.removeContainer() })
+	m.wg.Go(func() { m.discard(s) })
 	m.refillSpare()
 }
 
@@ -358,7 +358,7 @@ func (m *Manager) refillSpare() {
 		}
 		m.mu.Unlock()
 		if !keep {
-			s.removeContainer()
+			m.discard(s)
 			return
 		}
 		m.log.Debug("spare container ready", "container", s.contID[:12])
@@ -491,10 +491,20 @@ func (m *Manager) forget(s *Session) {
 	m.mu.Unlock()
 }
 
-// removeLater tries again, in the background, to remove the container of a
-// closed session whose removal failed (an engine under load may not stop
-// a container in time), rather than leave it until the next start; the
-// exit removes what is left when sandboxd stops first.
+// discard removes the container of s, which no session map holds any
+// more (a start that failed half way, a spare not kept), and tries again
+// later when the engine refuses: nothing else would remove it before exit.
+func (m *Manager) discard(s *Session) {
+	if err := s.removeContainer(); err != nil {
+		m.log.Warn("remove container", "session", s.ID, "err", err)
+		m.removeLater(s)
+	}
+}
+
+// removeLater tries again, in the background, to remove the container of s
+// whose removal failed (an engine under load may not stop a container in
+// time), rather than leave it until the next start; the exit removes what
+// is left when sandboxd stops first.
 func (m *Manager) removeLater(s *Session) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -510,10 +520,10 @@ func (m *Manager) removeLater(s *Session) {
 			}
 			err := s.removeContainer()
 			if err == nil {
-				m.log.Info("container of a closed session removed on a later try", "session", s.ID)
+				m.log.Info("container removed on a later try", "session", s.ID)
 				return
 			}
-			m.log.Warn("remove container of a closed session", "session", s.ID, "err", err)
+			m.log.Warn("remove container", "session", s.ID, "err", err)
 		}
 	})
 }

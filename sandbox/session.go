@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -654,29 +655,64 @@ func (s *Session) start(ctx context.Context) error {
 	}
 	s.mu.Lock()
 	closed := s.closed
-	if !closed {
-		s.contID = created.ID
-	}
+	s.contID = created.ID
 	s.mu.Unlock()
 	if closed {
 		// Closed while the engine created it: Close found nothing to
 		// remove, so this is the last chance to.
-		if _, err := m.cli.ContainerRemove(ctx, created.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true}); err != nil {
-			m.log.Warn("remove container of a session closed while it started", "session", s.ID, "container", created.ID[:12], "err", err)
-		}
+		m.discard(s)
 		return fmt.Errorf("open session %s: %w: closed while it started", s.ID, ErrNotFound)
 	}
 	if _, err := m.cli.ContainerStart(ctx, created.ID, client.ContainerStartOptions{}); err != nil {
-		s.removeContainer()
+		m.discard(s)
 		return fmt.Errorf("open session %s: start container: %w", s.ID, EngineError(err))
 	}
 	if err := s.verifyMounts(ctx, checks, coverTargets); err != nil {
-		s.removeContainer()
+		if why := s.stopped(ctx, created.ID); why != nil {
+			err = why
+		}
+		m.discard(s)
 		return fmt.Errorf("open session %s: %w", s.ID, err)
 	}
 	m.log.Info("session opened", "session", s.ID, "container", created.ID[:12], "workspace", spec.Workspace, "user", user,
 		"cpus", spec.Limits.CPUs, "memory", limits.FormatBytes(spec.Limits.Memory), "pids", spec.Limits.Pids)
 	return nil
+}
+
+// stopped says why container id is not running, or nil when it is. The
+// engine starts a container whose init cannot run its command (an image
+// without sleep) as if it had started; only the exec made next fails, with
+// an error that does not say why.
+func (s *Session) stopped(ctx context.Context, id string) error {
+	c, err := s.m.cli.ContainerInspect(ctx, id, client.ContainerInspectOptions{})
+	if err != nil || c.Container.State == nil || c.Container.State.Running {
+		return nil
+	}
+	st := c.Container.State
+	why := st.Error
+	if why == "" {
+		why = s.lastLogLines(ctx, id)
+	}
+	hint := ""
+	if st.ExitCode == 127 {
+		hint = fmt.Sprintf("; the container runs `sleep infinity` as its main process, so the image %s needs sleep in its PATH", s.spec.Image)
+	}
+	return fmt.Errorf("the container stopped as it started, exit code %d: %s%s", st.ExitCode, why, hint)
+}
+
+// lastLogLines is the end of what a container wrote, cut short: it goes
+// into an error message.
+func (s *Session) lastLogLines(ctx context.Context, id string) string {
+	logs, err := s.m.cli.ContainerLogs(ctx, id, client.ContainerLogsOptions{ShowStdout: true, ShowStderr: true, Tail: "3"})
+	if err != nil {
+		return "(no log: " + err.Error() + ")"
+	}
+	defer logs.Close()
+	var out bytes.Buffer
+	// A cut frame ends the copy with an error; what came before it is
+	// what is wanted.
+	stdcopy.StdCopy(&out, &out, io.LimitReader(logs, 2048))
+	return strings.Join(strings.Fields(strings.ToValidUTF8(out.String(), "?")), " ")
 }
 
 // bind is a directory the container mounts: source on the host, links
@@ -1500,17 +1536,44 @@ func (s *Session) countOOMKillsLocked(n int64, now time.Time) bool {
 // which would get them twice, and some programs take a second one as
 // "stop now".
 //
-// For SIGKILL the whole tree is stopped first and killed only once a
-// look finds no member that the one before had not stopped: a process killed before its
-// children would hand them to the container's init, out of the tree, and
-// a running one could fork past the look. Only the first look forks (for
-// grep); the later ones find the stopped processes again by pid and start
-// time with the shell's own read, so that a fork bomb that takes the pids
-// the first look freed cannot leave its tree stopped for ever. Zombies
-// drop out. A stat line is read whole: a command name may hold a newline.
+// The first look runs grep, which costs a fork. In a container at its
+// pids limit that fork fails while the exec itself gets in (the engine
+// moves it into the cgroup, which no limit refuses), and a failed command
+// substitution is no error to the shell: the look would find nothing and
+// the kill do nothing, just when a fork bomb is what it must stop. So a
+// look whose grep did not run (no mark that it started, or no grep in the
+// image) is made again by the shell alone, reading every environ with its
+// own read: slower, but with no fork.
+//
+// For SIGKILL the whole tree is stopped first and killed only once a look
+// finds no member that the one before had not stopped: a process killed
+// before its children would hand them to the container's init, out of the
+// tree, and a running one could fork past the look. The later looks find
+// the stopped processes again by pid and start time with the shell's own
+// read, so that a fork bomb that takes the pids the first look freed
+// cannot leave its tree stopped for ever. Zombies drop out of the look, but
+// a zombie holds its pid until its parent (a reaper, or the container's
+// init) takes it: the kill waits for that, three seconds at most, so that
+// the next command finds free the pids the killed ones held (after a fork
+// bomb, all of them). A stat line is read whole: a command name may hold
+// a newline.
 const killScript = `sig=$1; known=" $2 "; shift 2; n=0; last=
 pids=" "
-for p in $(grep -ls "$@" /proc/[0-9]*/environ | cut -d/ -f3); do pids="$pids$p "; done
+look=
+command -v grep >/dev/null && look=$(echo .; exec grep -ls "$@" /proc/[0-9]*/environ)
+case $look in
+.*)
+  for f in $look; do case $f in /proc/*/environ) f=${f#/proc/}; pids="$pids${f%/environ} ";; esac; done;;
+*)
+  for d in /proc/[0-9]*; do
+    e=; l=
+    { while read -r l; do e="$e$l"; done; e="$e$l"; } 2>/dev/null < "$d/environ"
+    for m; do
+      case $m in -e) continue;; esac
+      case $e in *"$m"*) pids="$pids${d#/proc/} "; break;; esac
+    done
+  done;;
+esac
 tree() {
   links=; reapers=" "
   for d in /proc/[0-9]*; do
@@ -1558,6 +1621,19 @@ while [ "$pids" != " " ]; do
   done
   last=$pids; pids=" "
   tree
+done
+read -r t0 _ < /proc/uptime; t0=${t0%.*}${t0#*.}
+for k in $known; do
+  while :; do
+    st=
+    { read -r st; while read -r l; do st="$st $l"; done; } 2>/dev/null < "/proc/${k%%:*}/stat"
+    [ -n "$st" ] || break
+    set -- ${st##*) }
+    [ "${20}" = "${k##*:}" ] || break
+    read -r t _ < /proc/uptime; t=${t%.*}${t#*.}
+    [ $((t - t0)) -lt 300 ] || break 2
+    sleep 0.01 2>/dev/null
+  done
 done`
 
 // killHeadroom is how many pids a kill borrows: the shell, a subshell, grep
