@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"os/exec"
@@ -513,6 +514,54 @@ func TestGitMetadataIsReadOnly(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSubmodulesInTheIndexAreProtected: host git goes into every
+// submodule its index records that has a .git, set up or not. A command
+// can neither make a repository in one never checked out (its fsmonitor
+// would run on the host at the next `git status`) nor change the config of
+// one whose .git is a directory two levels down; the rest stays writable.
+func TestSubmodulesInTheIndexAreProtected(t *testing.T) {
+	ws := workspace(t)
+	dotgit := subdir(t, ws, ".git")
+	writeFile(t, filepath.Join(dotgit, "HEAD"), "ref: refs/heads/main\n")
+	writeFile(t, filepath.Join(dotgit, "index"), string(gitIndex("vendor/mod", "vendor/old")))
+	vendor := subdir(t, ws, "vendor")
+	subdir(t, vendor, "mod")
+	config := filepath.Join(subdir(t, subdir(t, vendor, "old"), ".git"), "config")
+	writeFile(t, config, "[core]\n")
+	own(t, config)
+	srv := startServe(t, ws)
+	a := srv.agent()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	try := "{ mkdir vendor/mod/.git && echo made a repository; " +
+		"echo '\tfsmonitor = ./evil' >> vendor/old/.git/config && echo changed config; " +
+		"mv vendor/old vendor/o && echo moved; " +
+		"ls -a vendor/mod | wc -l; cat vendor/old/.git/config; touch vendor/ok && echo wrote; } 2>/dev/null"
+	if out, st := sh(t, ctx, a, "s", try); out != "2\n[core]\nwrote\n" {
+		t.Errorf("got %q (%s), want no repository made, the config unchanged and nothing moved", out, exitCode(st))
+	}
+}
+
+// gitIndex is a git index (version 2, SHA-1) that records a submodule at
+// each path.
+func gitIndex(paths ...string) []byte {
+	b := []byte("DIRC")
+	b = binary.BigEndian.AppendUint32(b, 2)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(paths)))
+	for _, p := range paths {
+		start := len(b)
+		b = append(b, make([]byte, 24)...)
+		b = binary.BigEndian.AppendUint32(b, 0o160000)
+		b = append(b, make([]byte, 12+20)...)
+		b = binary.BigEndian.AppendUint16(b, uint16(len(p)))
+		b = append(append(b, p...), 0)
+		for (len(b)-start)%8 != 0 {
+			b = append(b, 0)
+		}
+	}
+	return append(b, make([]byte, 20)...)
 }
 
 // TestGitMadeDuringASessionIsReported: a repository made in a session,

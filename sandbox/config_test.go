@@ -579,6 +579,21 @@ func TestGitMetadataOf(t *testing.T) {
 	dir("super/third_party/lib/deps/inner")
 	file("super/third_party/lib/.git", "gitdir: ../../.git/modules/third_party/lib\n")
 	file("super/third_party/lib/deps/inner/.git", "gitdir: ../../../../.git/modules/third_party/lib/modules/inner\n")
+	// Submodules the index records: one never checked out (its
+	// directory is kept read-only whole, or a command could make a
+	// repository there that host git would go into), one with a .git
+	// directory of its own (set up by an old git) whose index records
+	// another, and one whose directory is gone.
+	dir("sub/.git")
+	file("sub/.git/HEAD", "ref: refs/heads/main\n")
+	writeIndex(t, filepath.Join(root, "sub/.git/index"), 2, 20, []indexEntry{
+		{".gitmodules", 0o100644}, {"vendor/empty", 0o160000}, {"vendor/gone", 0o160000}, {"vendor/old", 0o160000},
+	})
+	dir("sub/vendor/empty")
+	dir("sub/vendor/old/.git")
+	file("sub/vendor/old/.git/HEAD", "ref: refs/heads/main\n")
+	writeIndex(t, filepath.Join(root, "sub/vendor/old/.git/index"), 4, 20, []indexEntry{{"deep/er", 0o160000}})
+	dir("sub/vendor/old/deep/er/.git")
 	r := func(ps ...string) []string {
 		var out []string
 		for _, p := range ps {
@@ -604,6 +619,7 @@ func TestGitMetadataOf(t *testing.T) {
 		{"HEAD a link, a common directory without one", r("symhead"), r("symhead/.git", "symhead/gd", "symhead/common")},
 		{"repositories one level down", r("projects"), r("projects/a/.git")},
 		{"submodules deeper down", r("super"), r("super/.git", "super/third_party/lib/.git", "super/third_party/lib/deps/inner/.git")},
+		{"submodules in the index", r("sub"), r("sub/.git", "sub/vendor/empty", "sub/vendor/old/.git", "sub/vendor/old/deep/er/.git")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got, err := gitMetadataOf(tc.real, nil); err != nil || !slices.Equal(got, tc.want) {

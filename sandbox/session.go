@@ -938,7 +938,11 @@ func gitMetadataOf(real, mountPoints []string) ([]string, error) {
 		}
 		roots = append(append(roots, r), nested...)
 	}
-	for _, r := range roots {
+	// Submodules found in an index are looked at as roots too, for
+	// their own .git and their own submodules.
+	fromIndex := 0
+	for i := 0; i < len(roots); i++ {
+		r := roots[i]
 		dotgit := filepath.Join(r, ".git")
 		if slices.Contains(mountPoints, dotgit) {
 			continue
@@ -971,6 +975,33 @@ func gitMetadataOf(real, mountPoints []string) ([]string, error) {
 				if _, ok, err := gitMetadata(wt); err == nil && ok && !slices.Contains(mountPoints, wt) {
 					add(filepath.Join(wt, ".git"))
 				}
+			}
+		}
+		// Host git goes into every submodule the index records that has
+		// a .git, set up or not: one a command made (`git init` in a
+		// submodule never checked out) would have its config run. The
+		// directory of one without a .git is kept read-only whole, so
+		// that none can be made there; one with is looked at as a root.
+		hashLen := 20
+		if strings.EqualFold(gitConfigValue(filepath.Join(dirs[len(dirs)-1], "config"), "extensions", "objectformat"), "sha256") {
+			hashLen = 32
+		}
+		links, err := gitlinks(filepath.Join(gitdir, "index"), hashLen)
+		if err != nil {
+			return nil, fmt.Errorf("%w: workspace: %v: sandboxd cannot tell which submodules to protect (session.protect_git); let git rewrite it (`git update-index --index-version 2`) or set protect_git = false", ErrInvalid, err)
+		}
+		for _, l := range links {
+			wt := filepath.Join(r, filepath.FromSlash(l))
+			if slices.ContainsFunc(mountPoints, func(m string) bool { return Within(m, wt) }) || slices.Contains(roots, wt) {
+				continue
+			}
+			if fromIndex++; fromIndex > maxModuleDirs {
+				return nil, fmt.Errorf("%w: workspace: %s records more submodules than sandboxd protects (%d; session.protect_git); set protect_git = false", ErrInvalid, r, maxModuleDirs)
+			}
+			if _, ok, err := gitMetadata(wt); err == nil && ok {
+				roots = append(roots, wt)
+			} else if fi, err := os.Lstat(wt); err == nil && fi.IsDir() {
+				add(wt)
 			}
 		}
 	}

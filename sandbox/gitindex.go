@@ -1,0 +1,173 @@
+package sandbox
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// maxIndexSize bounds the index files gitlinks reads: an index is about a
+// hundred bytes per tracked file, so this is millions of files.
+const maxIndexSize = 512 << 20
+
+// gitlinks returns the paths, relative to the working tree, of the
+// submodules recorded in a git index (entries of mode 160000): host git
+// goes into every one of them that has a .git for `git status`, whether
+// the submodule was ever set up or not. hashLen is the length of an object
+// id (20 for SHA-1, 32 for SHA-256). A split index's shared part is read
+// too. A missing index has none; one that cannot be read whole is an
+// error, since a submodule left out would be left writable.
+func gitlinks(indexFile string, hashLen int) ([]string, error) {
+	links, shared, err := readGitlinks(indexFile, hashLen)
+	if err != nil || shared == "" {
+		return links, err
+	}
+	// Entries the split part deletes or replaces are still listed: one
+	// path too many is only a directory made read-only.
+	more, _, err := readGitlinks(filepath.Join(filepath.Dir(indexFile), "sharedindex."+shared), hashLen)
+	return append(links, more...), err
+}
+
+// readGitlinks reads one index file: its gitlinks, and the hex id of the
+// shared index a split index names ("" for none).
+func readGitlinks(indexFile string, hashLen int) (links []string, shared string, err error) {
+	fail := func(err error) ([]string, string, error) {
+		return nil, "", fmt.Errorf("read git index %s: %w", indexFile, err)
+	}
+	// Not following a link, and not waiting on a FIFO a command put
+	// there.
+	fd, err := unix.Open(indexFile, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) {
+		return nil, "", nil
+	}
+	if err != nil {
+		return fail(err)
+	}
+	f := os.NewFile(uintptr(fd), indexFile)
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return fail(err)
+	}
+	if !fi.Mode().IsRegular() {
+		return fail(errors.New("not a regular file"))
+	}
+	if fi.Size() > maxIndexSize {
+		return fail(fmt.Errorf("%d bytes, more than the %d sandboxd reads", fi.Size(), maxIndexSize))
+	}
+	r := bufio.NewReader(io.LimitReader(f, fi.Size()))
+	var hdr [12]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return fail(err)
+	}
+	if string(hdr[:4]) != "DIRC" {
+		return fail(errors.New("no index signature"))
+	}
+	version := binary.BigEndian.Uint32(hdr[4:8])
+	if version < 2 || version > 4 {
+		return fail(fmt.Errorf("index version %d", version))
+	}
+	n := binary.BigEndian.Uint32(hdr[8:12])
+	// ctime, mtime, dev, ino, mode, uid, gid, size, then the object id
+	// and the flags.
+	fixed := 40 + hashLen + 2
+	entry := make([]byte, fixed+2)
+	var prev string
+	for i := uint32(0); i < n; i++ {
+		if _, err := io.ReadFull(r, entry[:fixed]); err != nil {
+			return fail(err)
+		}
+		flags := binary.BigEndian.Uint16(entry[fixed-2 : fixed])
+		size := fixed
+		if flags&0x4000 != 0 {
+			if version < 3 {
+				return fail(errors.New("extended flags in a version 2 index"))
+			}
+			if _, err := io.ReadFull(r, entry[fixed:fixed+2]); err != nil {
+				return fail(err)
+			}
+			size += 2
+		}
+		var name string
+		if version == 4 {
+			strip, err := binary.ReadUvarint(r)
+			if err != nil || strip > uint64(len(prev)) {
+				return fail(errors.New("bad path prefix"))
+			}
+			rest, err := r.ReadString(0)
+			if err != nil {
+				return fail(err)
+			}
+			name = prev[:len(prev)-int(strip)] + rest[:len(rest)-1]
+		} else {
+			rest, err := r.ReadString(0)
+			if err != nil {
+				return fail(err)
+			}
+			name = rest[:len(rest)-1]
+			size += len(rest)
+			// An entry is NUL-padded to a multiple of eight bytes.
+			if pad := (8 - size%8) % 8; pad > 0 {
+				if _, err := r.Discard(pad); err != nil {
+					return fail(err)
+				}
+				size += pad
+			}
+		}
+		prev = name
+		mode := binary.BigEndian.Uint32(entry[24:28])
+		if mode>>12 == 0o16 && localPath(name) {
+			links = append(links, name)
+		}
+	}
+	// Extensions follow, each a signature and a length; the last bytes
+	// are the file's own hash. Only "link" (a split index) matters here.
+	for {
+		var ext [8]byte
+		if _, err := io.ReadFull(r, ext[:]); err != nil {
+			break // the trailing hash, or the end
+		}
+		size := binary.BigEndian.Uint32(ext[4:])
+		if string(ext[:4]) == "link" {
+			id := make([]byte, hashLen)
+			if size < uint32(hashLen) {
+				return fail(errors.New("short link extension"))
+			}
+			if _, err := io.ReadFull(r, id); err != nil {
+				return fail(err)
+			}
+			shared = fmt.Sprintf("%x", id)
+			size -= uint32(hashLen)
+		}
+		if _, err := r.Discard(int(size)); err != nil {
+			break
+		}
+	}
+	if strings.Trim(shared, "0") == "" {
+		shared = ""
+	}
+	return links, shared, nil
+}
+
+// localPath reports whether an index path names a place inside the working
+// tree: relative, clean, with no .git on the way. Git writes no other, but
+// an index a command wrote could hold one.
+func localPath(p string) bool {
+	if p == "" || path.IsAbs(p) || path.Clean(p) != p || p == ".." || strings.HasPrefix(p, "../") {
+		return false
+	}
+	for c := range strings.SplitSeq(p, "/") {
+		if strings.EqualFold(c, ".git") {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,194 @@
+package sandbox
+
+import (
+	"bytes"
+	"encoding/binary"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// indexEntry is one entry of a test index.
+type indexEntry struct {
+	path string
+	mode uint32
+}
+
+// writeIndex writes a git index of version with entries, as git lays it
+// out, and the extensions given (signature, then body).
+func writeIndex(t *testing.T, file string, version uint32, hashLen int, entries []indexEntry, exts ...[]byte) {
+	t.Helper()
+	var b bytes.Buffer
+	b.WriteString("DIRC")
+	binary.Write(&b, binary.BigEndian, version)
+	binary.Write(&b, binary.BigEndian, uint32(len(entries)))
+	prev := ""
+	for i, e := range entries {
+		start := b.Len()
+		b.Write(make([]byte, 24))
+		binary.Write(&b, binary.BigEndian, e.mode)
+		b.Write(make([]byte, 12+hashLen))
+		flags := uint16(min(len(e.path), 0xfff))
+		extended := version >= 3 && i%2 == 1 // some entries carry extended flags
+		if extended {
+			flags |= 0x4000
+		}
+		binary.Write(&b, binary.BigEndian, flags)
+		if extended {
+			b.Write([]byte{0x20, 0}) // intent-to-add
+		}
+		if version == 4 {
+			common := 0
+			for common < len(prev) && common < len(e.path) && prev[common] == e.path[common] {
+				common++
+			}
+			b.Write(binary.AppendUvarint(nil, uint64(len(prev)-common)))
+			b.WriteString(e.path[common:])
+			b.WriteByte(0)
+		} else {
+			b.WriteString(e.path)
+			b.WriteByte(0)
+			for (b.Len()-start)%8 != 0 {
+				b.WriteByte(0)
+			}
+		}
+		prev = e.path
+	}
+	for _, x := range exts {
+		b.Write(x)
+	}
+	b.Write(make([]byte, hashLen)) // the file's hash, which gitlinks does not check
+	if err := os.WriteFile(file, b.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func extension(sig string, body []byte) []byte {
+	b := []byte(sig)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(body)))
+	return append(b, body...)
+}
+
+func TestGitlinks(t *testing.T) {
+	dir := t.TempDir()
+	entries := []indexEntry{
+		{"README", 0o100644},
+		{"lib/a", 0o160000},
+		{"lib/ab", 0o160000},
+		{"lib/b/c.go", 0o100644},
+		{"link", 0o120000},
+		{"third_party/x y", 0o160000},
+		{"tools", 0o040000}, // a sparse directory
+	}
+	want := []string{"lib/a", "lib/ab", "third_party/x y"}
+	for _, tc := range []struct {
+		name    string
+		version uint32
+		hashLen int
+	}{
+		{"version 2", 2, 20},
+		{"version 3", 3, 20},
+		{"version 4", 4, 20},
+		{"version 2, SHA-256", 2, 32},
+		{"version 4, SHA-256", 4, 32},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			file := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "_"))
+			writeIndex(t, file, tc.version, tc.hashLen, entries, extension("TREE", []byte("whatever\x00")))
+			got, err := gitlinks(file, tc.hashLen)
+			if err != nil || !slices.Equal(got, want) {
+				t.Errorf("gitlinks = %q, %v; want %q", got, err, want)
+			}
+		})
+	}
+
+	t.Run("split index", func(t *testing.T) {
+		sub := t.TempDir()
+		id := bytes.Repeat([]byte{0xab}, 20)
+		writeIndex(t, filepath.Join(sub, "sharedindex."+strings.Repeat("ab", 20)), 2, 20, []indexEntry{{"base/mod", 0o160000}, {"f", 0o100644}})
+		writeIndex(t, filepath.Join(sub, "index"), 2, 20, []indexEntry{{"new/mod", 0o160000}}, extension("link", id))
+		got, err := gitlinks(filepath.Join(sub, "index"), 20)
+		if w := []string{"new/mod", "base/mod"}; err != nil || !slices.Equal(got, w) {
+			t.Errorf("gitlinks = %q, %v; want %q", got, err, w)
+		}
+	})
+
+	t.Run("no index", func(t *testing.T) {
+		if got, err := gitlinks(filepath.Join(dir, "none"), 20); err != nil || got != nil {
+			t.Errorf("gitlinks = %q, %v; want none", got, err)
+		}
+	})
+
+	t.Run("paths out of the working tree are left out", func(t *testing.T) {
+		file := filepath.Join(dir, "hostile")
+		writeIndex(t, file, 2, 20, []indexEntry{{"../up", 0o160000}, {"/abs", 0o160000}, {"a/.git/b", 0o160000}, {"a//b", 0o160000}, {"ok", 0o160000}})
+		if got, err := gitlinks(file, 20); err != nil || !slices.Equal(got, []string{"ok"}) {
+			t.Errorf("gitlinks = %q, %v; want [ok]", got, err)
+		}
+	})
+
+	for _, tc := range []struct {
+		name, text string
+	}{
+		{"not an index", "hello, world"},
+		{"version 5", "DIRC\x00\x00\x00\x05\x00\x00\x00\x00"},
+		{"cut short", "DIRC\x00\x00\x00\x02\x00\x00\x00\x01\x00\x00"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			file := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "_"))
+			if err := os.WriteFile(file, []byte(tc.text), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := gitlinks(file, 20); err == nil || !strings.Contains(err.Error(), file) {
+				t.Errorf("gitlinks of %s: %v, want an error naming the file", tc.name, err)
+			}
+		})
+	}
+
+	t.Run("a FIFO", func(t *testing.T) {
+		file := filepath.Join(dir, "fifo")
+		if err := syscall.Mkfifo(file, 0o644); err != nil {
+			t.Skip(err)
+		}
+		if _, err := gitlinks(file, 20); err == nil {
+			t.Error("gitlinks of a FIFO: no error")
+		}
+	})
+}
+
+// TestGitlinksOfRealGit reads indexes that git itself wrote, in each
+// version, when the host has git.
+func TestGitlinksOfRealGit(t *testing.T) {
+	git, err := exec.LookPath("git")
+	if err != nil {
+		t.Skip("no git on this host")
+	}
+	repo := t.TempDir()
+	run := func(args ...string) {
+		t.Helper()
+		cmd := exec.Command(git, append([]string{"-C", repo, "-c", "user.name=t", "-c", "user.email=t@t"}, args...)...)
+		cmd.Env = append(os.Environ(), "GIT_CONFIG_GLOBAL=/dev/null", "GIT_CONFIG_SYSTEM=/dev/null")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v: %s", args, err, out)
+		}
+	}
+	run("init", "-q")
+	if err := os.WriteFile(filepath.Join(repo, "f"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run("add", "f")
+	const commit = "0123456789abcdef0123456789abcdef01234567"
+	run("update-index", "--add", "--cacheinfo", "160000,"+commit+",deps/one")
+	run("update-index", "--add", "--cacheinfo", "160000,"+commit+",deps/two")
+	for _, v := range []string{"2", "3", "4"} {
+		run("update-index", "--index-version", v)
+		got, err := gitlinks(filepath.Join(repo, ".git", "index"), 20)
+		if want := []string{"deps/one", "deps/two"}; err != nil || !slices.Equal(got, want) {
+			t.Errorf("index version %s: gitlinks = %q, %v; want %q", v, got, err, want)
+		}
+	}
+}
