@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -48,6 +49,10 @@ type conn struct {
 	// kills bounds the disposals under way for the connection: beyond
 	// it, the reader waits for one to end.
 	kills chan struct{}
+
+	// refused is set by the reader when it refused the client's protocol
+	// versions: the connection ends once that answer is written.
+	refused bool
 
 	done      chan struct{}
 	closeOnce sync.Once
@@ -329,6 +334,13 @@ func (c *conn) run() {
 			c.handle(ctx, data)
 		}
 		c.flush(ctx)
+		if c.refused {
+			// The versioning rules: answer UnsupportedProtocolVersion,
+			// then close. Nothing but that answer was queued: a client
+			// not initialized is subscribed to nothing.
+			c.ws.Close(websocket.StatusPolicyViolation, "unsupported protocol version")
+			return
+		}
 		if !c.await(ctx) {
 			return
 		}
@@ -449,6 +461,7 @@ func (c *conn) handle(ctx context.Context, data []byte) {
 		switch m.Method {
 		case "initialize":
 			res, rerr = c.initializeLocked(m.Params)
+			c.refused = rerr != nil && rerr.Code == codeUnsupportedProto
 		case "subscribe":
 			res, rerr = c.subscribeLocked(m.Params)
 		default:
@@ -513,13 +526,7 @@ func (c *conn) initializeLocked(params json.RawMessage) (any, *rpcError) {
 		// It is copied into the origin of every action the client sends.
 		return nil, invalid("initialize: clientId longer than %d bytes", maxURI)
 	}
-	version := ""
-	for _, v := range p.ProtocolVersions {
-		if supported(v) {
-			version = v
-			break
-		}
-	}
+	version := negotiate(p.ProtocolVersions)
 	if version == "" {
 		return nil, &rpcError{Code: codeUnsupportedProto, Message: fmt.Sprintf("none of the protocol versions %.200s is spoken here (%s)", fmt.Sprint(p.ProtocolVersions), strings.Join(supportedVersions(), ", ")), Data: map[string]any{"supportedVersions": supportedVersions()}}
 	}
@@ -547,7 +554,45 @@ func (c *conn) initializeLocked(params json.RawMessage) (any, *rpcError) {
 // supportedVersions returns the protocol versions spoken, newest first.
 func supportedVersions() []string { return []string{"0.4.0", "0.3.0"} }
 
-func supported(v string) bool { return slices.Contains(supportedVersions(), v) }
+// negotiate picks the version a connection speaks from those a client
+// offers: the highest one compatible with one spoken here, "" when there
+// is none. As SemVer's caret ranges read a 0.x version, 0.4.2 speaks with
+// 0.4.0 (a patch changes no wire format) but not with 0.5.0.
+func negotiate(offered []string) string {
+	best, bestKey := "", [3]int{-1}
+	for _, v := range offered {
+		key, ok := parseVersion(v)
+		if !ok {
+			continue
+		}
+		for _, s := range supportedVersions() {
+			if have, _ := parseVersion(s); have[0] == key[0] && (key[0] > 0 || have[1] == key[1]) && slices.Compare(key[:], have[:]) >= 0 {
+				if slices.Compare(key[:], bestKey[:]) > 0 {
+					best, bestKey = v, key
+				}
+			}
+		}
+	}
+	return best
+}
+
+// parseVersion reads a release version, major.minor.patch, each a number
+// without a leading zero.
+func parseVersion(v string) ([3]int, bool) {
+	var key [3]int
+	parts := strings.Split(v, ".")
+	if len(parts) != 3 {
+		return key, false
+	}
+	for i, p := range parts {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 0 || p != strconv.Itoa(n) || n > 1<<20 {
+			return key, false
+		}
+		key[i] = n
+	}
+	return key, true
+}
 
 // subscribeLocked answers subscribe. s.mu must be held.
 func (c *conn) subscribeLocked(params json.RawMessage) (any, *rpcError) {

@@ -281,3 +281,27 @@ func TestTokenFile(t *testing.T) {
 		t.Errorf("TokenFile without a cache directory = %q", got)
 	}
 }
+
+func TestNegotiate(t *testing.T) {
+	for _, tc := range []struct {
+		offered []string
+		want    string
+	}{
+		{[]string{"0.4.0"}, "0.4.0"},
+		{[]string{"0.3.0", "0.4.0"}, "0.4.0"},
+		{[]string{"0.4.2", "0.4.1"}, "0.4.2"},
+		{[]string{"0.3.9"}, "0.3.9"},
+		{[]string{"0.5.0"}, ""},
+		{[]string{"1.4.0"}, ""},
+		{[]string{"0.2.0"}, ""},
+		{[]string{"0.4"}, ""},
+		{[]string{"0.4.0-beta"}, ""},
+		{[]string{"0.04.0"}, ""},
+		{[]string{"v0.4.0", "0.3.0"}, "0.3.0"},
+		{nil, ""},
+	} {
+		if got := negotiate(tc.offered); got != tc.want {
+			t.Errorf("negotiate(%q) = %q, want %q", tc.offered, got, tc.want)
+		}
+	}
+}

@@ -565,6 +565,27 @@ func TestHandshakeComesFirst(t *testing.T) {
 	}
 }
 
+// TestUnsupportedVersionClosesTheConnection: a client offering no version
+// spoken here gets UnsupportedProtocolVersion with the versions that are,
+// then the connection is closed, as the versioning rules say.
+func TestUnsupportedVersionClosesTheConnection(t *testing.T) {
+	_, url, ctx := serveTest(t, Config{Token: "tok"})
+	ws := dial(t, url)
+	defer ws.CloseNow()
+	req := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersions":["9.0.0"],"clientId":"c"}}`
+	if err := ws.Write(ctx, websocket.MessageText, []byte(req)); err != nil {
+		t.Fatal(err)
+	}
+	_, msg, err := ws.Read(ctx)
+	if err != nil || !strings.Contains(string(msg), `"code":-32005`) || !strings.Contains(string(msg), `"supportedVersions":["0.4.0"`) {
+		t.Fatalf("answer %s, %v; want UnsupportedProtocolVersion with the versions spoken", msg, err)
+	}
+	_, msg, err = ws.Read(ctx)
+	if websocket.CloseStatus(err) != websocket.StatusPolicyViolation {
+		t.Errorf("after the refusal: %s, %v; want the connection closed (policy violation)", msg, err)
+	}
+}
+
 func TestWriteToken(t *testing.T) {
 	t.Run("a link at the name is replaced, not followed", func(t *testing.T) {
 		dir := t.TempDir()

@@ -470,8 +470,11 @@ func (t *terminal) wait() {
 	}
 	_, _, st := t.t.Output()
 	a := Action{Type: "terminal/exited"}
-	if st != nil && st.ExitCode != nil {
-		a.ExitCode = st.ExitCode
+	if st != nil {
+		// A terminal's exitCode is what tells clients it exited: one
+		// killed by a signal gets the shell's 128+n, not none.
+		code := sandbox.ExitCode(*st)
+		a.ExitCode = &code
 	}
 	t.emitListed(a)
 }

@@ -702,3 +702,35 @@ func TestAHPDisposeHoldsUpNothingElse(t *testing.T) {
 		t.Errorf("disposeTerminal: %+v", r.Error)
 	}
 }
+
+// TestAHPKilledShellHasAnExitCode: a terminal whose process dies of a
+// signal sandboxd can name (here the OOM killer's) exits with the shell's
+// 128+n, since an exitCode is what tells clients that a terminal exited;
+// one that exits by itself keeps its own code.
+func TestAHPKilledShellHasAnExitCode(t *testing.T) {
+	ws := workspace(t)
+	a := startAHP(t, ws)
+	for _, tc := range []struct {
+		term, line string
+		want       int
+	}{
+		{"ahp-terminal:/killed", "exec tail /dev/zero\r", 137},
+		{"ahp-terminal:/exits", "exit 7\r", 7},
+	} {
+		c := subscribedTerminal(t, a, "client-"+strings.TrimPrefix(tc.term, "ahp-terminal:/"), tc.term, ws)
+		c.input(tc.term, tc.line, 1)
+		var got *int
+		eventually(t, "terminal/exited on "+tc.term, 60*time.Second, func() bool {
+			for _, e := range c.envelopes() {
+				if e.Channel == tc.term && e.Action.Type == "terminal/exited" {
+					got = e.Action.ExitCode
+					return true
+				}
+			}
+			return false
+		})
+		if got == nil || *got != tc.want {
+			t.Errorf("%s: exitCode = %v, want %d", tc.term, got, tc.want)
+		}
+	}
+}
