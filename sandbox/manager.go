@@ -88,7 +88,7 @@ func (m *Manager) releaseOutput(n int) {
 // NewManager connects sandboxd to the engine: it takes an instance lock,
 // removes what dead instances left behind, and reads the engine's CPU count.
 func NewManager(ctx context.Context, cli *client.Client, cfg Config, log *slog.Logger) (*Manager, error) {
-	if err := cfg.checkPrivate(); err != nil {
+	if err := cfg.checkSources(engineSocketOf(cli)); err != nil {
 		return nil, err
 	}
 	info, err := cli.Info(ctx, client.InfoOptions{})
@@ -130,27 +130,27 @@ func NewManager(ctx context.Context, cli *client.Client, cfg Config, log *slog.L
 	return m, nil
 }
 
-// checkPrivate refuses a configuration whose served workspace or a
-// granted mount source is or holds one of sandboxd's own endpoints
-// (Private): every session there would be refused, or would see it. A
-// path that does not resolve is left to a session's start to report.
-func (c Config) checkPrivate() error {
-	if len(c.Private) == 0 {
-		return nil
-	}
-	ws, err := c.ServedWorkspace()
-	if err != nil {
-		return err
-	}
-	if real, err := filepath.EvalSymlinks(ws); err == nil {
-		if p := privateIn(real, c.Private); p != "" {
-			return fmt.Errorf("workspace %s holds %s, %s", ws, p, privateWhy)
+// checkSources refuses, at start, a configuration whose served workspace
+// is or holds one of sandboxd's own endpoints (Private), or a granted
+// mount source that checkGrant refuses: every session would be refused,
+// or would see it. A path that does not resolve is left to a session's
+// start to report.
+func (c Config) checkSources(engineSocket string) error {
+	if len(c.Private) > 0 {
+		ws, err := c.ServedWorkspace()
+		if err != nil {
+			return err
+		}
+		if real, err := filepath.EvalSymlinks(ws); err == nil {
+			if p := privateIn(real, c.Private); p != "" {
+				return fmt.Errorf("workspace %s holds %s, %s", ws, p, privateWhy)
+			}
 		}
 	}
 	for _, mt := range c.Session.Mounts {
 		if real, err := filepath.EvalSymlinks(mt.Source); err == nil {
-			if p := privateIn(real, c.Private); p != "" {
-				return fmt.Errorf("session.mounts: source %s is or holds %s, %s", mt.Source, p, privateWhy)
+			if err := checkGrant(mt.Source, real, engineSocket, c.Private); err != nil {
+				return err
 			}
 		}
 	}
@@ -168,8 +168,10 @@ func tiniInit(binary string) bool {
 
 // engineSocket is the path of the engine's unix socket, or "" when the
 // engine is reached otherwise.
-func (m *Manager) engineSocket() string {
-	if h, ok := strings.CutPrefix(m.cli.DaemonHost(), "unix://"); ok {
+func (m *Manager) engineSocket() string { return engineSocketOf(m.cli) }
+
+func engineSocketOf(cli *client.Client) string {
+	if h, ok := strings.CutPrefix(cli.DaemonHost(), "unix://"); ok {
 		return h
 	}
 	return ""

@@ -21,7 +21,13 @@ func readyManager(t *testing.T) *Manager {
 	t.Helper()
 	cfg := Config{}
 	cfg.Server.MaxSessions = 8
+	// A client that no test connects: only its host is read.
+	cli, err := client.New(client.WithHost("unix:///nonexistent/docker.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	return &Manager{
+		cli:      cli,
 		cfg:      cfg,
 		log:      slog.New(slog.NewTextHandler(io.Discard, nil)),
 		sessions: make(map[string]*Session),
@@ -244,16 +250,18 @@ func TestCheckPrivate(t *testing.T) {
 		{name: "the configured workspace", workspace: served, private: []string{sock}, want: "workspace " + served + " holds " + sock},
 		{name: "the working directory", private: []string{sock}, want: "workspace " + served + " holds " + sock},
 		{name: "a granted source", workspace: dir + "/missing", mounts: []Mount{{Source: tools, Target: "/tools", Mode: "ro"}}, private: []string{token},
-			want: "session.mounts: source " + tools + " is or holds " + token},
+			want: "session.mounts: source \"" + tools + "\" is or holds " + token},
 		{name: "a granted file", workspace: served, mounts: []Mount{{Source: token, Target: "/t"}}, private: []string{token},
-			want: "session.mounts: source " + token + " is or holds " + token},
+			want: "session.mounts: source \"" + token + "\" is or holds " + token},
+		{name: "a grant of the host's /run", workspace: served, mounts: []Mount{{Source: "/run", Target: "/r", Mode: "ro"}},
+			want: "session.mounts: source \"/run\" is or holds the host's /run"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var cfg Config
 			cfg.Session.Workspace, cfg.Session.Mounts, cfg.Private = tc.workspace, tc.mounts, tc.private
-			err := cfg.checkPrivate()
+			err := cfg.checkSources("")
 			if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
-				t.Errorf("checkPrivate = %v, want %q", err, tc.want)
+				t.Errorf("checkSources = %v, want %q", err, tc.want)
 			}
 		})
 	}
@@ -297,6 +305,54 @@ func TestGrantedMountsRefusePrivate(t *testing.T) {
 			_, _, err := newSession(m, "k", SessionSpec{ID: "s"}).grantedMounts()
 			if tc.refuse != (err != nil) || tc.refuse && (!errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), token)) {
 				t.Errorf("grantedMounts of %s = %v, want refused: %v", tc.source, err, tc.refuse)
+			}
+		})
+	}
+}
+
+// TestGrantedMountsRefuseTheHostsRuntime: a grant that is or holds the
+// host's kernel or runtime directories, or the engine's socket, is refused
+// at every session's start; one inside them is the operator's to make.
+func TestGrantedMountsRefuseTheHostsRuntime(t *testing.T) {
+	dir, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(dir, "engine", "docker.sock")
+	if err := os.MkdirAll(filepath.Dir(sock), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(sock, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cli, err := client.New(client.WithHost("unix://" + sock))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		source string
+		want   string // in the error; "" for none
+	}{
+		{"/", "the host's /proc"},
+		{"/run", "the host's /run"},
+		{"/dev", "the host's /dev"},
+		{"/dev/null", ""},
+		{"/sys/fs/cgroup", ""},
+		{dir, "Docker Engine's socket"},
+		{filepath.Dir(sock), "Docker Engine's socket"},
+		{sock, "Docker Engine's socket"},
+		{t.TempDir(), ""},
+	} {
+		t.Run(tc.source, func(t *testing.T) {
+			if _, err := os.Stat(tc.source); err != nil {
+				t.Skip(err)
+			}
+			m := readyManager(t)
+			m.cli = cli
+			m.cfg.Session.Mounts = []Mount{{Source: tc.source, Target: "/granted", Mode: "ro"}}
+			_, _, err := newSession(m, "k", SessionSpec{ID: "s"}).grantedMounts()
+			if tc.want == "" && err != nil || tc.want != "" && (!errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want)) {
+				t.Errorf("grantedMounts of %s = %v, want %q", tc.source, err, tc.want)
 			}
 		})
 	}

@@ -248,24 +248,73 @@ func checkMountSource(dir, engineSocket string, private []string) (real string, 
 	if real == "/" {
 		return "", fmt.Errorf("%w: workspace: %.200q is the host's root directory; run sandboxd in a project directory", ErrInvalid, dir)
 	}
-	// The host's kernel and runtime directories: /run holds the sockets
-	// of the engine, containerd and the system and user buses, each a
-	// way out. Removable media are mounted under /run/media, and a
-	// project may well live there.
-	for _, h := range []string{"/proc", "/sys", "/dev", "/run"} {
-		if Within(real, h) || Within(h, real) && !(Within("/run/media", real) && real != "/run/media") {
-			return "", fmt.Errorf("%w: workspace: %.200q is or holds the host's %s, which no sandbox may see", ErrInvalid, dir, h)
+	// Removable media are mounted under /run/media, and a project may
+	// well live there.
+	h := hostDirIn(real)
+	for _, d := range hostDirs() {
+		if h == "" && Within(d, real) && !(Within("/run/media", real) && real != "/run/media") {
+			h = d
 		}
 	}
-	if engineSocket != "" {
-		if sock, err := filepath.EvalSymlinks(engineSocket); err == nil && Within(real, sock) {
-			return "", fmt.Errorf("%w: workspace: %.200q holds the Docker Engine's socket %s, which would give commands the engine", ErrInvalid, dir, sock)
-		}
+	if h != "" {
+		return "", fmt.Errorf("%w: workspace: %.200q is, holds or lies in the host's %s, which no sandbox may see", ErrInvalid, dir, h)
+	}
+	if sock := engineSocketIn(real, engineSocket); sock != "" {
+		return "", fmt.Errorf("%w: workspace: %.200q holds the Docker Engine's socket %s, which would give commands the engine", ErrInvalid, dir, sock)
 	}
 	if p := privateIn(real, private); p != "" {
 		return "", fmt.Errorf("%w: workspace: %.200q holds %s, %s", ErrInvalid, dir, p, privateWhy)
 	}
 	return real, nil
+}
+
+// hostDirs are the host's kernel and runtime directories: /run holds the
+// sockets of the engine, containerd and the system and user buses, each a
+// way out.
+func hostDirs() []string { return []string{"/proc", "/sys", "/dev", "/run"} }
+
+// hostDirIn returns the first of hostDirs that real, a path with its links
+// resolved, is or holds; "" when none.
+func hostDirIn(real string) string {
+	for _, h := range hostDirs() {
+		if Within(real, h) {
+			return h
+		}
+	}
+	return ""
+}
+
+// engineSocketIn returns the engine's socket, links resolved, when real
+// is or holds it; "" otherwise, or when the engine is not reached through
+// a socket.
+func engineSocketIn(real, engineSocket string) string {
+	if engineSocket == "" {
+		return ""
+	}
+	if sock, err := filepath.EvalSymlinks(engineSocket); err == nil && Within(real, sock) {
+		return sock
+	}
+	return ""
+}
+
+// checkGrant refuses a granted mount source (real, its links resolved)
+// that is or holds one of sandboxd's own endpoints (private), the host's
+// kernel or runtime directories, or the engine's socket. A grant is the
+// operator's choice, so one inside those directories is let be (an SSH
+// agent's socket in /run/user); one that holds them whole is taken for a
+// mistake, as is one that holds the engine, which is the host's root:
+// even read-only, a socket connects.
+func checkGrant(source, real, engineSocket string, private []string) error {
+	if p := privateIn(real, private); p != "" {
+		return fmt.Errorf("%w: session.mounts: source %q is or holds %s, %s", ErrInvalid, source, p, privateWhy)
+	}
+	if h := hostDirIn(real); h != "" {
+		return fmt.Errorf("%w: session.mounts: source %q is or holds the host's %s; grant what in it is needed", ErrInvalid, source, h)
+	}
+	if sock := engineSocketIn(real, engineSocket); sock != "" {
+		return fmt.Errorf("%w: session.mounts: source %q is or holds the Docker Engine's socket %s, which would give commands the engine and so the host", ErrInvalid, source, sock)
+	}
+	return nil
 }
 
 // privateWhy says why a mount source that holds one of Config.Private is
@@ -543,8 +592,8 @@ func (s *Session) grantedMounts() ([]Mount, []mountCheck, error) {
 		if err != nil || st.Mode&syscall.S_IFMT == syscall.S_IFLNK {
 			return nil, nil, fmt.Errorf("%w: session.mounts: source %q changed while it was checked", ErrInvalid, mt.Source)
 		}
-		if p := privateIn(real, s.m.cfg.Private); p != "" {
-			return nil, nil, fmt.Errorf("%w: session.mounts: source %q is or holds %s, %s", ErrInvalid, mt.Source, p, privateWhy)
+		if err := checkGrant(mt.Source, real, s.m.engineSocket(), s.m.cfg.Private); err != nil {
+			return nil, nil, err
 		}
 		mounts[i].Source = real
 		checks = append(checks, mountCheck{target: mt.Target, dev: uint64(st.Dev), ino: st.Ino, known: s.m.writableByAnother(s, real), mountPoint: true})
