@@ -199,6 +199,9 @@ func TestCreateTerminalRefusesBadParams(t *testing.T) {
 		{"no channel", `{"claim":{"kind":"client","clientId":"c"}}`, codeInvalidParams},
 		{"root channel", `{"channel":"ahp-root://","claim":{"kind":"client","clientId":"c"}}`, codeInvalidParams},
 		{"no scheme", `{"channel":"just-a-name","claim":{"kind":"client","clientId":"c"}}`, codeInvalidParams},
+		{"another scheme", `{"channel":"ahp-session:/x","claim":{"kind":"client","clientId":"c"}}`, codeInvalidParams},
+		{"a scheme of its own", `{"channel":"term:x","claim":{"kind":"client","clientId":"c"}}`, codeInvalidParams},
+		{"no id", `{"channel":"ahp-terminal:","claim":{"kind":"client","clientId":"c"}}`, codeInvalidParams},
 		{"huge channel", `{"channel":"ahp-terminal:/` + strings.Repeat("x", 2000) + `","claim":{"kind":"client","clientId":"c"}}`, codeInvalidParams},
 		{"no claim", `{"channel":"ahp-terminal:/new"}`, codeInvalidParams},
 		{"unknown claim kind", `{"channel":"ahp-terminal:/new","claim":{"kind":"root"}}`, codeInvalidParams},
@@ -701,6 +704,8 @@ func TestRejectionsAndErrorsAsSpecified(t *testing.T) {
 		{`{"type":"terminal/data","data":"forged"}`, "cannot be dispatched by a client"},
 		{`{"type":"terminal/resized","cols":80.5,"rows":24}`, "malformed action"},
 		{`{"type":"terminal/claimed","claim":{"kind":"client","clientId":"sender"}}`, "only the holder of the claim"},
+		{`{"type":"terminal/claimed","claim":{"kind":"session","session":"copilot:/s1","turnId":"turn1","toolCallId":"call2"}}`, "may only be narrowed"},
+		{`{"type":"terminal/claimed","claim":{"kind":"session","session":"copilot:/s2"}}`, "may only be narrowed"},
 	} {
 		send(fmt.Sprintf(`{"jsonrpc":"2.0","method":"dispatchAction","params":{"channel":"ahp-terminal:/t","clientSeq":%d,"action":%s}}`, i+1, tc.action))
 		seq++

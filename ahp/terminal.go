@@ -93,8 +93,10 @@ func (s *Server) createTerminal(ctx context.Context, params json.RawMessage) (an
 	if err := json.Unmarshal(params, &p); err != nil {
 		return nil, invalid("createTerminal: %v", err)
 	}
-	if u, err := url.Parse(p.Channel); err != nil || u.Scheme == "" || p.Channel == RootURI || len(p.Channel) > maxURI {
-		return nil, invalid("createTerminal: channel %.100q is not a terminal URI (scheme:rest, at most %d bytes)", p.Channel, maxURI)
+	// The scheme of a channel selects its reducer and state: a terminal
+	// under another would be served as what that scheme names.
+	if u, err := url.Parse(p.Channel); err != nil || u.Scheme != "ahp-terminal" || u.Opaque == "" && u.Path == "" || len(p.Channel) > maxURI {
+		return nil, invalid("createTerminal: channel %.100q is not a terminal URI (ahp-terminal:/<id>, at most %d bytes)", p.Channel, maxURI)
 	}
 	if why := p.Claim.check(); why != "" {
 		return nil, invalid("createTerminal: %s", why)
@@ -420,14 +422,17 @@ func (s *Server) applyLocked(from *conn, channel string, a Action, origin *Origi
 		if why := a.Claim.check(); why != "" {
 			return why
 		}
-		// The holder of a client claim may change it; a session's claim
-		// may be narrowed or widened within that session (a client
-		// detaching a tool call's terminal to the background).
-		cur := t.state.Claim
+		// The holder of a client claim may change it. A session's
+		// claim is held by no client; a client may only narrow it within
+		// the session (detach a tool call's terminal to the background,
+		// as the protocol's flow shows), never tie it to a turn or tool
+		// call it was not tied to: that is the agent host's to say.
+		cur, want := t.state.Claim, a.Claim
 		holder := cur.Kind == "client" && cur.ClientID == origin.ClientID
-		sameSession := cur.Kind == "session" && a.Claim.Kind == "session" && a.Claim.Session == cur.Session
-		if !holder && !sameSession {
-			return fmt.Sprintf("only the holder of the claim may change it (held by %.200s %.200s%.200s)", cur.Kind, cur.ClientID, cur.Session)
+		narrows := cur.Kind == "session" && want.Kind == "session" && want.Session == cur.Session &&
+			(want.TurnID == "" || want.TurnID == cur.TurnID) && (want.ToolCallID == "" || want.ToolCallID == cur.ToolCallID)
+		if !holder && !narrows {
+			return fmt.Sprintf("only the holder of the claim may change it, and a session's claim may only be narrowed (held by %.200s %.200s%.200s)", cur.Kind, cur.ClientID, cur.Session)
 		}
 	case "terminal/titleChanged":
 		if len(a.Title) > maxTitle {

@@ -666,14 +666,14 @@ func TestAHPDisposeHoldsUpNothingElse(t *testing.T) {
 	cfg := filepath.Join(t.TempDir(), "sandbox.toml")
 	writeFile(t, cfg, "[terminal]\nkill_grace = \"20s\"\n")
 	a := startAHP(t, ws, "--config", cfg)
-	c := subscribedTerminal(t, a, "me", "term:a", ws)
-	if r := c.call("createTerminal", map[string]any{"channel": "term:b", "claim": map[string]any{"kind": "client", "clientId": "me"}, "cwd": "file://" + ws}); r.Error != nil {
+	c := subscribedTerminal(t, a, "me", "ahp-terminal:/a", ws)
+	if r := c.call("createTerminal", map[string]any{"channel": "ahp-terminal:/b", "claim": map[string]any{"kind": "client", "clientId": "me"}, "cwd": "file://" + ws}); r.Error != nil {
 		t.Fatalf("createTerminal: %+v", r.Error)
 	}
-	c.subscribe("term:b")
+	c.subscribe("ahp-terminal:/b")
 	const stubborn = "trap '' HUP; exec sleep 1000"
-	c.input("term:b", stubborn+"\r", 1)
-	eventually(t, "the stubborn command runs", time.Minute, func() bool { return c.executed("term:b", stubborn) })
+	c.input("ahp-terminal:/b", stubborn+"\r", 1)
+	eventually(t, "the stubborn command runs", time.Minute, func() bool { return c.executed("ahp-terminal:/b", stubborn) })
 	listed := func() int {
 		n := 0
 		for _, e := range c.envelopes() {
@@ -687,14 +687,14 @@ func TestAHPDisposeHoldsUpNothingElse(t *testing.T) {
 	var disposed atomic.Bool
 	done := make(chan rawReply, 1)
 	go func() {
-		r := c.call("disposeTerminal", map[string]any{"channel": "term:b"})
+		r := c.call("disposeTerminal", map[string]any{"channel": "ahp-terminal:/b"})
 		disposed.Store(true)
 		done <- r
 	}()
 	// Taken off the list: the server has read the disposal.
-	eventually(t, "term:b taken off the list", 15*time.Second, func() bool { return listed() > before })
-	c.input("term:a", "echo $((6*7))\r", 2)
-	eventually(t, "the other terminal's echo", 15*time.Second, func() bool { return strings.Contains(c.data("term:a"), "42") })
+	eventually(t, "ahp-terminal:/b taken off the list", 15*time.Second, func() bool { return listed() > before })
+	c.input("ahp-terminal:/a", "echo $((6*7))\r", 2)
+	eventually(t, "the other terminal's echo", 15*time.Second, func() bool { return strings.Contains(c.data("ahp-terminal:/a"), "42") })
 	if disposed.Load() {
 		t.Error("the disposal was answered before its grace period ended")
 	}
