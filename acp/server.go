@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"reflect"
 	"strconv"
 	"strings"
@@ -573,10 +575,30 @@ func ListenUnix(path string) (net.Listener, error) {
 		}
 		os.Remove(path)
 	}
+	if strings.HasPrefix(path, "@") {
+		// An abstract socket: no file, nothing to see before it listens.
+		ln, err := net.Listen("unix", path)
+		if err != nil {
+			return nil, fmt.Errorf("listen %s: %w", path, err)
+		}
+		return ln, nil
+	}
+	// Bound under another name and renamed into place once it listens:
+	// between bind and listen the file is there but refuses connections,
+	// and a client that waits for the file to appear would be refused.
+	suffix := make([]byte, 6)
+	rand.Read(suffix)
+	tmp := filepath.Join(filepath.Dir(path), fmt.Sprintf(".%s.%x", filepath.Base(path), suffix))
 	old := syscall.Umask(0o177)
-	ln, err := net.Listen("unix", path)
+	ln, err := net.Listen("unix", tmp)
 	syscall.Umask(old)
 	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", path, err)
+	}
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
+	if err := os.Rename(tmp, path); err != nil {
+		ln.Close()
+		os.Remove(tmp)
 		return nil, fmt.Errorf("listen %s: %w", path, err)
 	}
 	return ln, nil

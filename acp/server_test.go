@@ -10,6 +10,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -504,4 +506,40 @@ func TestWorkGroupStartsNothingOnceStopping(t *testing.T) {
 	if ran {
 		t.Error("work refused by Go ran")
 	}
+}
+
+// TestListenUnix: the socket appears under its name only once it listens
+// (a client waiting for the file is never refused), with mode 0600 and no
+// other file left beside it; a live one is not taken over, a stale one is.
+func TestListenUnix(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "sandboxd.sock")
+	ln, err := ListenUnix(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Lstat(path)
+	if err != nil || fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("socket file: %v, %v; want a socket of mode 0600", fi, err)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Errorf("files beside the socket: %v", entries)
+	}
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	c.Close()
+	if _, err := ListenUnix(path); err == nil || !strings.Contains(err.Error(), "another sandboxd") {
+		t.Errorf("a second listen on a live socket: %v", err)
+	}
+	ln.Close()
+	if _, err := os.Lstat(path); err != nil {
+		t.Fatalf("the socket file went with the listener: %v (its owner removes it)", err)
+	}
+	ln, err = ListenUnix(path)
+	if err != nil {
+		t.Fatalf("listen over a stale socket: %v", err)
+	}
+	ln.Close()
 }
