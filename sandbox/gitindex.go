@@ -80,7 +80,7 @@ func readGitlinks(indexFile string, hashLen int) (links []string, shared string,
 	// and the flags.
 	fixed := 40 + hashLen + 2
 	entry := make([]byte, fixed+2)
-	var prev string
+	var prev []byte // the path before, which version 4 paths build on
 	for i := uint32(0); i < n; i++ {
 		if _, err := io.ReadFull(r, entry[:fixed]); err != nil {
 			return fail(err)
@@ -96,36 +96,41 @@ func readGitlinks(indexFile string, hashLen int) (links []string, shared string,
 			}
 			size += 2
 		}
-		var name string
+		// Only a gitlink's path is made a string: an index holds one
+		// entry per tracked file. It is taken before the padding is
+		// read, which may refill the reader's buffer the path lies in.
+		gitlink := binary.BigEndian.Uint32(entry[24:28])>>12 == 0o16
 		if version == 4 {
 			strip, err := binary.ReadUvarint(r)
 			if err != nil || strip > uint64(len(prev)) {
 				return fail(errors.New("bad path prefix"))
 			}
-			rest, err := r.ReadString(0)
+			rest, err := readPath(r)
 			if err != nil {
 				return fail(err)
 			}
-			name = prev[:len(prev)-int(strip)] + rest[:len(rest)-1]
-		} else {
-			rest, err := r.ReadString(0)
-			if err != nil {
-				return fail(err)
+			prev = append(prev[:len(prev)-int(strip)], rest...)
+			if len(prev) > maxIndexPath {
+				return fail(errors.New("a path longer than any file system takes"))
 			}
-			name = rest[:len(rest)-1]
-			size += len(rest)
-			// An entry is NUL-padded to a multiple of eight bytes.
-			if pad := (8 - size%8) % 8; pad > 0 {
-				if _, err := r.Discard(pad); err != nil {
-					return fail(err)
-				}
-				size += pad
+			if gitlink && localPath(string(prev)) {
+				links = append(links, string(prev))
 			}
+			continue
 		}
-		prev = name
-		mode := binary.BigEndian.Uint32(entry[24:28])
-		if mode>>12 == 0o16 && localPath(name) {
-			links = append(links, name)
+		name, err := readPath(r)
+		if err != nil {
+			return fail(err)
+		}
+		if gitlink && localPath(string(name)) {
+			links = append(links, string(name))
+		}
+		size += len(name) + 1
+		// An entry is NUL-padded to a multiple of eight bytes.
+		if pad := (8 - size%8) % 8; pad > 0 {
+			if _, err := r.Discard(pad); err != nil {
+				return fail(err)
+			}
 		}
 	}
 	// Extensions follow, each a signature and a length; the last bytes
@@ -156,6 +161,34 @@ func readGitlinks(indexFile string, hashLen int) (links []string, shared string,
 	}
 	return links, shared, nil
 }
+
+// readPath reads a NUL-terminated path and returns it without the NUL. The
+// bytes are the reader's own, good until its next read; a path longer than
+// the buffer is copied.
+func readPath(r *bufio.Reader) ([]byte, error) {
+	b, err := r.ReadSlice(0)
+	if err == nil {
+		return b[:len(b)-1], nil
+	}
+	if !errors.Is(err, bufio.ErrBufferFull) {
+		return nil, err
+	}
+	long := append([]byte(nil), b...)
+	for errors.Is(err, bufio.ErrBufferFull) && len(long) <= maxIndexPath {
+		b, err = r.ReadSlice(0)
+		long = append(long, b...)
+	}
+	if err != nil {
+		if errors.Is(err, bufio.ErrBufferFull) {
+			err = errors.New("a path longer than any file system takes")
+		}
+		return nil, err
+	}
+	return long[:len(long)-1], nil
+}
+
+// maxIndexPath bounds a path in an index: Linux takes 4096 bytes.
+const maxIndexPath = 64 << 10
 
 // localPath reports whether an index path names a place inside the working
 // tree: relative, clean, with no .git on the way. Git writes no other, but

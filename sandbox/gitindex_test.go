@@ -20,7 +20,7 @@ type indexEntry struct {
 
 // writeIndex writes a git index of version with entries, as git lays it
 // out, and the extensions given (signature, then body).
-func writeIndex(t *testing.T, file string, version uint32, hashLen int, entries []indexEntry, exts ...[]byte) {
+func writeIndex(t testing.TB, file string, version uint32, hashLen int, entries []indexEntry, exts ...[]byte) {
 	t.Helper()
 	var b bytes.Buffer
 	b.WriteString("DIRC")
@@ -83,8 +83,12 @@ func TestGitlinks(t *testing.T) {
 		{"link", 0o120000},
 		{"third_party/x y", 0o160000},
 		{"tools", 0o040000}, // a sparse directory
+		// Longer than the reader's buffer, then one whose padding
+		// follows a refill.
+		{"z/" + strings.Repeat("d/", 3000) + "mod", 0o160000},
+		{"z/" + strings.Repeat("e", 4085) + "/mod", 0o160000},
 	}
-	want := []string{"lib/a", "lib/ab", "third_party/x y"}
+	want := []string{"lib/a", "lib/ab", "third_party/x y", "z/" + strings.Repeat("d/", 3000) + "mod", "z/" + strings.Repeat("e", 4085) + "/mod"}
 	for _, tc := range []struct {
 		name    string
 		version uint32
@@ -191,4 +195,31 @@ func TestGitlinksOfRealGit(t *testing.T) {
 			t.Errorf("index version %s: gitlinks = %q, %v; want %q", v, got, err, want)
 		}
 	}
+}
+
+// FuzzGitlinks: no index, however made, makes gitlinks panic or return a
+// path out of the working tree.
+func FuzzGitlinks(f *testing.F) {
+	dir := f.TempDir()
+	seed := filepath.Join(dir, "seed")
+	for _, v := range []uint32{2, 3, 4} {
+		writeIndex(f, seed, v, 20, []indexEntry{{"a/b", 0o160000}, {"a/c", 0o100644}, {"a/cd", 0o160000}})
+		b, err := os.ReadFile(seed)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		file := filepath.Join(t.TempDir(), "index")
+		if err := os.WriteFile(file, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		links, _ := gitlinks(file, 20)
+		for _, l := range links {
+			if !localPath(l) {
+				t.Errorf("gitlinks returned %q", l)
+			}
+		}
+	})
 }
