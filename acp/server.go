@@ -583,9 +583,11 @@ func ListenUnix(path string) (net.Listener, error) {
 		}
 		return ln, nil
 	}
-	// Bound under another name and renamed into place once it listens:
+	// Bound under another name and linked into place once it listens:
 	// between bind and listen the file is there but refuses connections,
-	// and a client that waits for the file to appear would be refused.
+	// and a client that waits for the file to appear would be refused. A
+	// link, unlike a rename, fails when something took the name meanwhile
+	// (another sandboxd starting on the same path), rather than replace it.
 	suffix := make([]byte, 6)
 	rand.Read(suffix)
 	tmp := filepath.Join(filepath.Dir(path), fmt.Sprintf(".%s.%x", filepath.Base(path), suffix))
@@ -596,9 +598,10 @@ func ListenUnix(path string) (net.Listener, error) {
 		return nil, fmt.Errorf("listen %s: %w", path, err)
 	}
 	ln.(*net.UnixListener).SetUnlinkOnClose(false)
-	if err := os.Rename(tmp, path); err != nil {
+	err = os.Link(tmp, path)
+	os.Remove(tmp)
+	if err != nil {
 		ln.Close()
-		os.Remove(tmp)
 		return nil, fmt.Errorf("listen %s: %w", path, err)
 	}
 	return ln, nil

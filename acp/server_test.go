@@ -542,4 +542,18 @@ func TestListenUnix(t *testing.T) {
 		t.Fatalf("listen over a stale socket: %v", err)
 	}
 	ln.Close()
+	// What is no socket is never replaced.
+	file := filepath.Join(dir, "a-file")
+	if err := os.WriteFile(file, []byte("mine"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ListenUnix(file); err == nil {
+		t.Error("listen on a regular file's path: no error")
+	}
+	if b, err := os.ReadFile(file); err != nil || string(b) != "mine" {
+		t.Errorf("the file after a listen on its path: %q, %v", b, err)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 2 {
+		t.Errorf("files left: %v, want the socket and the file", entries)
+	}
 }

@@ -201,6 +201,7 @@ func TestCreateTerminalRefusesBadParams(t *testing.T) {
 		{"no scheme", `{"channel":"just-a-name","claim":{"kind":"client","clientId":"c"}}`, codeInvalidParams},
 		{"another scheme", `{"channel":"ahp-session:/x","claim":{"kind":"client","clientId":"c"}}`, codeInvalidParams},
 		{"a scheme of its own", `{"channel":"term:x","claim":{"kind":"client","clientId":"c"}}`, codeInvalidParams},
+		{"the scheme in capitals", `{"channel":"AHP-TERMINAL:/x","claim":{"kind":"client","clientId":"c"}}`, codeInvalidParams},
 		{"no id", `{"channel":"ahp-terminal:","claim":{"kind":"client","clientId":"c"}}`, codeInvalidParams},
 		{"huge channel", `{"channel":"ahp-terminal:/` + strings.Repeat("x", 2000) + `","claim":{"kind":"client","clientId":"c"}}`, codeInvalidParams},
 		{"no claim", `{"channel":"ahp-terminal:/new"}`, codeInvalidParams},

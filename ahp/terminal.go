@@ -95,7 +95,9 @@ func (s *Server) createTerminal(ctx context.Context, params json.RawMessage) (an
 	}
 	// The scheme of a channel selects its reducer and state: a terminal
 	// under another would be served as what that scheme names.
-	if u, err := url.Parse(p.Channel); err != nil || u.Scheme != "ahp-terminal" || u.Opaque == "" && u.Path == "" || len(p.Channel) > maxURI {
+	// Spelled as given, not as url.Parse folds a scheme: clients tell
+	// channels apart by the URI as it is written.
+	if u, err := url.Parse(p.Channel); err != nil || !strings.HasPrefix(p.Channel, "ahp-terminal:") || u.Opaque == "" && u.Path == "" || len(p.Channel) > maxURI {
 		return nil, invalid("createTerminal: channel %.100q is not a terminal URI (ahp-terminal:/<id>, at most %d bytes)", p.Channel, maxURI)
 	}
 	if why := p.Claim.check(); why != "" {

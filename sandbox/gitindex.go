@@ -14,31 +14,35 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// maxIndexSize bounds the index files gitlinks reads: an index is about a
-// hundred bytes per tracked file, so this is millions of files.
-const maxIndexSize = 512 << 20
+// indexBudget bounds the bytes of index files that one look at a
+// session's git metadata reads, all repositories together: an index is
+// about a hundred bytes per tracked file, so this is millions of files,
+// and a command that makes repositories with huge indexes (sparse files
+// cost it nothing) cannot make every session start read gigabytes.
+const indexBudget = 256 << 20
 
 // gitlinks returns the paths, relative to the working tree, of the
 // submodules recorded in a git index (entries of mode 160000): host git
 // goes into every one of them that has a .git for `git status`, whether
 // the submodule was ever set up or not. hashLen is the length of an object
 // id (20 for SHA-1, 32 for SHA-256). A split index's shared part is read
-// too. A missing index has none; one that cannot be read whole is an
-// error, since a submodule left out would be left writable.
-func gitlinks(indexFile string, hashLen int) ([]string, error) {
-	links, shared, err := readGitlinks(indexFile, hashLen)
+// too. The bytes read are taken from *budget. A missing index has none;
+// one that cannot be read whole, or beyond the budget, is an error, since
+// a submodule left out would be left writable.
+func gitlinks(indexFile string, hashLen int, budget *int64) ([]string, error) {
+	links, shared, err := readGitlinks(indexFile, hashLen, budget)
 	if err != nil || shared == "" {
 		return links, err
 	}
-	// Entries the split part deletes or replaces are still listed: one
-	// path too many is only a directory made read-only.
-	more, _, err := readGitlinks(filepath.Join(filepath.Dir(indexFile), "sharedindex."+shared), hashLen)
+	// Entries the split part deletes are still listed: one path too many
+	// is only a directory made read-only.
+	more, _, err := readGitlinks(filepath.Join(filepath.Dir(indexFile), "sharedindex."+shared), hashLen, budget)
 	return append(links, more...), err
 }
 
 // readGitlinks reads one index file: its gitlinks, and the hex id of the
 // shared index a split index names ("" for none).
-func readGitlinks(indexFile string, hashLen int) (links []string, shared string, err error) {
+func readGitlinks(indexFile string, hashLen int, budget *int64) (links []string, shared string, err error) {
 	fail := func(err error) ([]string, string, error) {
 		return nil, "", fmt.Errorf("read git index %s: %w", indexFile, err)
 	}
@@ -60,8 +64,8 @@ func readGitlinks(indexFile string, hashLen int) (links []string, shared string,
 	if !fi.Mode().IsRegular() {
 		return fail(errors.New("not a regular file"))
 	}
-	if fi.Size() > maxIndexSize {
-		return fail(fmt.Errorf("%d bytes, more than the %d sandboxd reads", fi.Size(), maxIndexSize))
+	if *budget -= fi.Size(); *budget < 0 {
+		return fail(fmt.Errorf("%d bytes, and the indexes of the session's repositories together more than the %d MiB sandboxd reads", fi.Size(), indexBudget>>20))
 	}
 	r := bufio.NewReader(io.LimitReader(f, fi.Size()))
 	var hdr [12]byte
@@ -101,7 +105,7 @@ func readGitlinks(indexFile string, hashLen int) (links []string, shared string,
 		// read, which may refill the reader's buffer the path lies in.
 		gitlink := binary.BigEndian.Uint32(entry[24:28])>>12 == 0o16
 		if version == 4 {
-			strip, err := binary.ReadUvarint(r)
+			strip, err := readGitVarint(r)
 			if err != nil || strip > uint64(len(prev)) {
 				return fail(errors.New("bad path prefix"))
 			}
@@ -113,6 +117,9 @@ func readGitlinks(indexFile string, hashLen int) (links []string, shared string,
 			if len(prev) > maxIndexPath {
 				return fail(errors.New("a path longer than any file system takes"))
 			}
+			if gitlink && len(prev) == 0 {
+				return fail(errors.New("a split index replaces an entry with a submodule; run `git update-index --no-split-index`"))
+			}
 			if gitlink && localPath(string(prev)) {
 				links = append(links, string(prev))
 			}
@@ -121,6 +128,12 @@ func readGitlinks(indexFile string, hashLen int) (links []string, shared string,
 		name, err := readPath(r)
 		if err != nil {
 			return fail(err)
+		}
+		if gitlink && len(name) == 0 {
+			// A split index names an entry that replaces one of the
+			// shared index by its place there, in a bitmap not read
+			// here: the submodule cannot be told.
+			return fail(errors.New("a split index replaces an entry with a submodule; run `git update-index --no-split-index`"))
 		}
 		if gitlink && localPath(string(name)) {
 			links = append(links, string(name))
@@ -160,6 +173,29 @@ func readGitlinks(indexFile string, hashLen int) (links []string, shared string,
 		shared = ""
 	}
 	return links, shared, nil
+}
+
+// readGitVarint reads a number as git writes it in a version 4 index
+// (varint.c): big-endian groups of seven bits, each group but the last
+// with its high bit set and standing for one more than it holds, so that
+// every number has one spelling. It is not the varint of encoding/binary.
+func readGitVarint(r io.ByteReader) (uint64, error) {
+	c, err := r.ReadByte()
+	if err != nil {
+		return 0, err
+	}
+	v := uint64(c & 0x7f)
+	for c&0x80 != 0 {
+		v++
+		if v == 0 || v>>57 != 0 {
+			return 0, errors.New("varint overflows")
+		}
+		if c, err = r.ReadByte(); err != nil {
+			return 0, err
+		}
+		v = v<<7 + uint64(c&0x7f)
+	}
+	return v, nil
 }
 
 // readPath reads a NUL-terminated path and returns it without the NUL. The

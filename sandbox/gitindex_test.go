@@ -46,7 +46,7 @@ func writeIndex(t testing.TB, file string, version uint32, hashLen int, entries 
 			for common < len(prev) && common < len(e.path) && prev[common] == e.path[common] {
 				common++
 			}
-			b.Write(binary.AppendUvarint(nil, uint64(len(prev)-common)))
+			b.Write(appendGitVarint(nil, uint64(len(prev)-common)))
 			b.WriteString(e.path[common:])
 			b.WriteByte(0)
 		} else {
@@ -65,6 +65,50 @@ func writeIndex(t testing.TB, file string, version uint32, hashLen int, entries 
 	if err := os.WriteFile(file, b.Bytes(), 0o644); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// appendGitVarint appends v as git's varint.c writes it.
+func appendGitVarint(b []byte, v uint64) []byte {
+	var buf [16]byte
+	pos := len(buf) - 1
+	buf[pos] = byte(v & 0x7f)
+	for v >>= 7; v != 0; v >>= 7 {
+		v--
+		pos--
+		buf[pos] = 0x80 | byte(v&0x7f)
+	}
+	return append(b, buf[pos:]...)
+}
+
+func TestGitVarint(t *testing.T) {
+	// Spellings from git's own encoder.
+	for _, tc := range []struct {
+		v    uint64
+		want []byte
+	}{
+		{0, []byte{0}},
+		{127, []byte{0x7f}},
+		{128, []byte{0x80, 0x00}},
+		{255, []byte{0x80, 0x7f}},
+		{16511, []byte{0xff, 0x7f}},
+		{16512, []byte{0x80, 0x80, 0x00}},
+	} {
+		if got := appendGitVarint(nil, tc.v); !bytes.Equal(got, tc.want) {
+			t.Errorf("appendGitVarint(%d) = %x, want %x", tc.v, got, tc.want)
+		}
+		got, err := readGitVarint(bytes.NewReader(tc.want))
+		if err != nil || got != tc.v {
+			t.Errorf("readGitVarint(%x) = %d, %v; want %d", tc.want, got, err, tc.v)
+		}
+	}
+	if _, err := readGitVarint(bytes.NewReader(bytes.Repeat([]byte{0xff}, 12))); err == nil {
+		t.Error("an overlong varint read without error")
+	}
+}
+
+func budget() *int64 {
+	b := int64(indexBudget)
+	return &b
 }
 
 func extension(sig string, body []byte) []byte {
@@ -103,7 +147,7 @@ func TestGitlinks(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			file := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "_"))
 			writeIndex(t, file, tc.version, tc.hashLen, entries, extension("TREE", []byte("whatever\x00")))
-			got, err := gitlinks(file, tc.hashLen)
+			got, err := gitlinks(file, tc.hashLen, budget())
 			if err != nil || !slices.Equal(got, want) {
 				t.Errorf("gitlinks = %q, %v; want %q", got, err, want)
 			}
@@ -115,14 +159,41 @@ func TestGitlinks(t *testing.T) {
 		id := bytes.Repeat([]byte{0xab}, 20)
 		writeIndex(t, filepath.Join(sub, "sharedindex."+strings.Repeat("ab", 20)), 2, 20, []indexEntry{{"base/mod", 0o160000}, {"f", 0o100644}})
 		writeIndex(t, filepath.Join(sub, "index"), 2, 20, []indexEntry{{"new/mod", 0o160000}}, extension("link", id))
-		got, err := gitlinks(filepath.Join(sub, "index"), 20)
+		got, err := gitlinks(filepath.Join(sub, "index"), 20, budget())
 		if w := []string{"new/mod", "base/mod"}; err != nil || !slices.Equal(got, w) {
 			t.Errorf("gitlinks = %q, %v; want %q", got, err, w)
 		}
 	})
 
+	t.Run("split index replacing an entry with a submodule", func(t *testing.T) {
+		sub := t.TempDir()
+		writeIndex(t, filepath.Join(sub, "sharedindex."+strings.Repeat("ab", 20)), 2, 20, []indexEntry{{"f", 0o100644}})
+		for _, v := range []uint32{2, 4} {
+			writeIndex(t, filepath.Join(sub, "index"), v, 20, []indexEntry{{"a", 0o100644}, {"", 0o160000}}, extension("link", bytes.Repeat([]byte{0xab}, 20)))
+			if _, err := gitlinks(filepath.Join(sub, "index"), 20, budget()); err == nil || !strings.Contains(err.Error(), "no-split-index") {
+				t.Errorf("version %d: gitlinks = %v, want an error saying what to run", v, err)
+			}
+		}
+	})
+
+	t.Run("over the budget", func(t *testing.T) {
+		file := filepath.Join(dir, "budget")
+		writeIndex(t, file, 2, 20, entries)
+		fi, err := os.Stat(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		left := 2*fi.Size() - 1
+		if _, err := gitlinks(file, 20, &left); err != nil {
+			t.Fatalf("first read within the budget: %v", err)
+		}
+		if _, err := gitlinks(file, 20, &left); err == nil || !strings.Contains(err.Error(), "MiB sandboxd reads") {
+			t.Errorf("second read beyond the budget: %v", err)
+		}
+	})
+
 	t.Run("no index", func(t *testing.T) {
-		if got, err := gitlinks(filepath.Join(dir, "none"), 20); err != nil || got != nil {
+		if got, err := gitlinks(filepath.Join(dir, "none"), 20, budget()); err != nil || got != nil {
 			t.Errorf("gitlinks = %q, %v; want none", got, err)
 		}
 	})
@@ -130,7 +201,7 @@ func TestGitlinks(t *testing.T) {
 	t.Run("paths out of the working tree are left out", func(t *testing.T) {
 		file := filepath.Join(dir, "hostile")
 		writeIndex(t, file, 2, 20, []indexEntry{{"../up", 0o160000}, {"/abs", 0o160000}, {"a/.git/b", 0o160000}, {"a//b", 0o160000}, {"ok", 0o160000}})
-		if got, err := gitlinks(file, 20); err != nil || !slices.Equal(got, []string{"ok"}) {
+		if got, err := gitlinks(file, 20, budget()); err != nil || !slices.Equal(got, []string{"ok"}) {
 			t.Errorf("gitlinks = %q, %v; want [ok]", got, err)
 		}
 	})
@@ -147,7 +218,7 @@ func TestGitlinks(t *testing.T) {
 			if err := os.WriteFile(file, []byte(tc.text), 0o644); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := gitlinks(file, 20); err == nil || !strings.Contains(err.Error(), file) {
+			if _, err := gitlinks(file, 20, budget()); err == nil || !strings.Contains(err.Error(), file) {
 				t.Errorf("gitlinks of %s: %v, want an error naming the file", tc.name, err)
 			}
 		})
@@ -158,7 +229,7 @@ func TestGitlinks(t *testing.T) {
 		if err := syscall.Mkfifo(file, 0o644); err != nil {
 			t.Skip(err)
 		}
-		if _, err := gitlinks(file, 20); err == nil {
+		if _, err := gitlinks(file, 20, budget()); err == nil {
 			t.Error("gitlinks of a FIFO: no error")
 		}
 	})
@@ -188,10 +259,15 @@ func TestGitlinksOfRealGit(t *testing.T) {
 	const commit = "0123456789abcdef0123456789abcdef01234567"
 	run("update-index", "--add", "--cacheinfo", "160000,"+commit+",deps/one")
 	run("update-index", "--add", "--cacheinfo", "160000,"+commit+",deps/two")
+	// Version 4 strips more than 127 bytes of the path before from the
+	// one after: a varint of two bytes.
+	long := "deps/" + strings.Repeat("l", 200) + "/mod"
+	run("update-index", "--add", "--cacheinfo", "160000,"+commit+","+long)
+	run("update-index", "--add", "--cacheinfo", "160000,"+commit+",deps/zz")
 	for _, v := range []string{"2", "3", "4"} {
 		run("update-index", "--index-version", v)
-		got, err := gitlinks(filepath.Join(repo, ".git", "index"), 20)
-		if want := []string{"deps/one", "deps/two"}; err != nil || !slices.Equal(got, want) {
+		got, err := gitlinks(filepath.Join(repo, ".git", "index"), 20, budget())
+		if want := []string{long, "deps/one", "deps/two", "deps/zz"}; err != nil || !slices.Equal(got, want) {
 			t.Errorf("index version %s: gitlinks = %q, %v; want %q", v, got, err, want)
 		}
 	}
@@ -215,7 +291,7 @@ func FuzzGitlinks(f *testing.F) {
 		if err := os.WriteFile(file, b, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		links, _ := gitlinks(file, 20)
+		links, _ := gitlinks(file, 20, budget())
 		for _, l := range links {
 			if !localPath(l) {
 				t.Errorf("gitlinks returned %q", l)

@@ -989,7 +989,7 @@ func gitMetadataOf(real, mountPoints []string) ([]string, error) {
 	}
 	// Submodules found in an index are looked at as roots too, for
 	// their own .git and their own submodules.
-	fromIndex := 0
+	fromIndex, indexBytes := 0, int64(indexBudget)
 	for i := 0; i < len(roots); i++ {
 		r := roots[i]
 		dotgit := filepath.Join(r, ".git")
@@ -1035,7 +1035,7 @@ func gitMetadataOf(real, mountPoints []string) ([]string, error) {
 		if strings.EqualFold(gitConfigValue(filepath.Join(dirs[len(dirs)-1], "config"), "extensions", "objectformat"), "sha256") {
 			hashLen = 32
 		}
-		links, err := gitlinks(filepath.Join(gitdir, "index"), hashLen)
+		links, err := gitlinks(filepath.Join(gitdir, "index"), hashLen, &indexBytes)
 		if err != nil {
 			return nil, fmt.Errorf("%w: workspace: %v: sandboxd cannot tell which submodules to protect (session.protect_git); let git rewrite it (`git update-index --index-version 2`) or set protect_git = false", ErrInvalid, err)
 		}
@@ -1616,14 +1616,16 @@ func (s *Session) countOOMKillsLocked(n int64, now time.Time) bool {
 // which would get them twice, and some programs take a second one as
 // "stop now".
 //
-// The first look runs grep, which costs a fork. In a container at its
-// pids limit that fork fails while the exec itself gets in (the engine
-// moves it into the cgroup, which no limit refuses), and a failed command
-// substitution is no error to the shell: the look would find nothing and
-// the kill do nothing, just when a fork bomb is what it must stop. So a
-// look whose grep did not run (no mark that it started, or no grep in the
-// image) is made again by the shell alone, reading every environ with its
-// own read: slower, but with no fork.
+// The first look runs grep, which costs a fork, and a fork that fails
+// ends the shell at once. In a container at its pids limit the exec itself
+// still gets in (the engine moves it into the cgroup, which no limit
+// refuses), but it could fork nothing: so when the cgroup has no pids to
+// spare (or the image has no grep) the look is made by the shell alone,
+// reading every environ with its own read. That forks nothing, but is
+// slow (two hundred processes with a few KiB of environment each take
+// half a second, grep a tenth of that), so it is not the rule. Should the
+// pids go between the check and the fork, the script ends with an error
+// and the caller tries again with pids lent.
 //
 // For SIGKILL the whole tree is stopped first and killed only once a look
 // finds no member that the one before had not stopped: a process killed
@@ -1633,14 +1635,24 @@ func (s *Session) countOOMKillsLocked(n int64, now time.Time) bool {
 // read, so that a fork bomb that takes the pids the first look freed
 // cannot leave its tree stopped for ever. Zombies drop out of the look, but
 // a zombie holds its pid until its parent (a reaper, or the container's
-// init) takes it: the kill waits for that, three seconds at most, so that
-// the next command finds free the pids the killed ones held (after a fork
-// bomb, all of them). A stat line is read whole: a command name may hold
+// init) takes it: the kill waits for that, three seconds at most (and not
+// for one left to a pid 1 that reaps nothing, with session.init off), so
+// that the next command finds free the pids the killed ones held (after a
+// fork bomb, all of them); it sleeps between looks only when the cgroup
+// has pids to spare, and looks again at once otherwise. A stat line is read whole: a command name may hold
 // a newline.
 const killScript = `sig=$1; known=" $2 "; shift 2; n=0; last=
+pc=/sys/fs/cgroup/pids; [ -r "$pc/pids.max" ] || pc=/sys/fs/cgroup
+room() {
+  max=; cur=
+  { read -r max < "$pc/pids.max"; read -r cur < "$pc/pids.current"; } 2>/dev/null
+  case $max in ''|*[!0-9]*) return 0;; esac
+  case $cur in ''|*[!0-9]*) return 0;; esac
+  [ $((max - cur)) -gt 2 ]
+}
 pids=" "
 look=
-command -v grep >/dev/null && look=$(echo .; exec grep -ls "$@" /proc/[0-9]*/environ)
+if room && command -v grep >/dev/null; then look=$(echo .; exec grep -ls "$@" /proc/[0-9]*/environ); fi
 case $look in
 .*)
   for f in $look; do case $f in /proc/*/environ) f=${f#/proc/}; pids="$pids${f%/environ} ";; esac; done;;
@@ -1703,6 +1715,8 @@ while [ "$pids" != " " ]; do
   tree
 done
 read -r t0 _ < /proc/uptime; t0=${t0%.*}${t0#*.}
+reaps=0; st=; { read -r st; } 2>/dev/null < /proc/1/stat
+case $st in "1 (docker-init) "*|"1 (tini) "*) reaps=1;; esac
 for k in $known; do
   while :; do
     st=
@@ -1710,9 +1724,10 @@ for k in $known; do
     [ -n "$st" ] || break
     set -- ${st##*) }
     [ "${20}" = "${k##*:}" ] || break
+    [ "$2" != 1 ] || [ $reaps = 1 ] || break
     read -r t _ < /proc/uptime; t=${t%.*}${t#*.}
     [ $((t - t0)) -lt 300 ] || break 2
-    sleep 0.01 2>/dev/null
+    if room; then sleep 0.01; fi
   done
 done`
 
