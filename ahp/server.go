@@ -358,6 +358,24 @@ func (s *Server) authorized(r *http.Request) bool {
 	return s.cfg.Token != "" && subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.Token)) == 1
 }
 
+// protectedResources describes, as RFC 9728 metadata, what a client
+// without the token needs one for: this endpoint (named by the address it
+// was reached on, not by the request's Host, which the client wrote), with
+// the token presented as a bearer token in the Authorization header or the
+// token query parameter.
+func protectedResources(r *http.Request) []map[string]any {
+	resource := "ws://localhost/"
+	if a, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok {
+		resource = "ws://" + a.String() + "/"
+	}
+	return []map[string]any{{
+		"resource":                 resource,
+		"resource_name":            "sandboxd AHP terminal channel (token in the file sandboxd printed at start)",
+		"bearer_methods_supported": []string{"header", "query"},
+		"required":                 true,
+	}}
+}
+
 // ServeHTTP upgrades to WebSocket. A browser origin that is not allowed is
 // refused at the handshake; a wrong token gets AuthRequired to its first
 // request and the connection closes.
@@ -392,7 +410,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 			json.Unmarshal(data, &m)
 			if len(m.ID) > 0 {
-				b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": requestID(m.ID), "error": map[string]any{"code": codeAuthRequired, "message": "authentication required: present the token sandboxd wrote at start", "data": map[string]any{"resources": []any{}}}})
+				b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": requestID(m.ID), "error": map[string]any{"code": codeAuthRequired, "message": "authentication required: present the token sandboxd wrote at start", "data": map[string]any{"resources": protectedResources(r)}}})
 				ws.Write(ctx, websocket.MessageText, b)
 			}
 		}

@@ -767,8 +767,24 @@ func TestWrongTokenGetsAuthRequiredWithData(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, msg, err := ws.Read(ctx)
-	if err != nil || !strings.Contains(string(msg), `"code":-32007`) || !strings.Contains(string(msg), `"data":{"resources":[]}`) {
-		t.Errorf("reply %s, %v", msg, err)
+	var reply struct {
+		Error struct {
+			Code int `json:"code"`
+			Data struct {
+				Resources []struct {
+					Resource      string   `json:"resource"`
+					BearerMethods []string `json:"bearer_methods_supported"`
+					Required      bool     `json:"required"`
+				} `json:"resources"`
+			} `json:"data"`
+		} `json:"error"`
+	}
+	if err != nil || json.Unmarshal(msg, &reply) != nil || reply.Error.Code != codeAuthRequired || len(reply.Error.Data.Resources) != 1 {
+		t.Fatalf("reply %s, %v; want AuthRequired naming one resource", msg, err)
+	}
+	res := reply.Error.Data.Resources[0]
+	if want := strings.Replace(url, "http://", "ws://", 1); strings.TrimSuffix(res.Resource, "/") != strings.TrimSuffix(want, "/") || !slices.Equal(res.BearerMethods, []string{"header", "query"}) || !res.Required {
+		t.Errorf("resource %+v, want %s with the token as a bearer header or query", res, want)
 	}
 }
 
