@@ -629,6 +629,24 @@ func TestGitMetadataOf(t *testing.T) {
 	}
 }
 
+func TestGitLinks(t *testing.T) {
+	root := t.TempDir()
+	for _, d := range []string{"ws/sub", "ws/plain", "ws/repo/.git", "ws/deep/er"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, l := range []string{"ws/.git", "ws/sub/.git", "ws/deep/er/.git"} {
+		if err := os.Symlink("/elsewhere", filepath.Join(root, l)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := []string{filepath.Join(root, "ws/.git"), filepath.Join(root, "ws/sub/.git")}
+	if got := gitLinks([]string{filepath.Join(root, "ws")}); !slices.Equal(got, want) {
+		t.Errorf("gitLinks = %q, want %q", got, want)
+	}
+}
+
 func TestGitConfigValue(t *testing.T) {
 	dir := t.TempDir()
 	tests := []struct {

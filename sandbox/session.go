@@ -821,6 +821,13 @@ func (s *Session) protectGit(real []string, binds []bind, covered []string) ([]m
 	if err != nil {
 		return nil, nil, err
 	}
+	if links := gitLinks(real); len(links) > 0 {
+		// A link cannot be mounted over without following it: commands
+		// can replace it with a directory of their own, which the
+		// person's git would then read.
+		s.m.log.Warn("a .git in the session's directories is a link, which protect_git cannot keep: commands can replace it; look at it before you run git there on the host",
+			"session", s.ID, "paths", links)
+	}
 	// What a granted mount shows in the container is not the session
 	// directory's: nothing of it to protect, and no place for a pin.
 	granted := func(target string) bool {
@@ -1055,6 +1062,28 @@ func gitMetadataOf(real, mountPoints []string) ([]string, error) {
 		}
 	}
 	return found, nil
+}
+
+// gitLinks returns the .git entries that are links in the session
+// directories (real) and right below them, where gitMetadataOf looks.
+func gitLinks(real []string) []string {
+	var links []string
+	for _, r := range real {
+		dirs := []string{r}
+		if entries, err := os.ReadDir(r); err == nil {
+			for _, e := range entries {
+				if e.IsDir() && e.Name() != ".git" {
+					dirs = append(dirs, filepath.Join(r, e.Name()))
+				}
+			}
+		}
+		for _, d := range dirs {
+			if fi, err := os.Lstat(filepath.Join(d, ".git")); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+				links = append(links, filepath.Join(d, ".git"))
+			}
+		}
+	}
+	return links
 }
 
 // maxModuleDirs and maxModuleDepth bound what submoduleWorktrees looks
