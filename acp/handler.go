@@ -82,8 +82,9 @@ type Terminals struct {
 // maxEnded bounds how many closed sessions a connection remembers.
 const maxEnded = 1024
 
-// errClosed answers a request that comes through as the connection ends.
-var errClosed = &jsonrpc2.Error{Code: CodeInternal, Message: "the connection is closing"}
+// errClosed answers a request that comes through as the connection ends:
+// RequestCancelled, which ACP gives to a request aborted by shutdown.
+var errClosed = &jsonrpc2.Error{Code: CodeCancelled, Message: "the connection is closing"}
 
 // NewTerminals returns the terminal service for one connection. scope must
 // be unique per connection; workspace is the default workspace; defaults
@@ -140,6 +141,10 @@ func rpcError(ctx context.Context, err error) *jsonrpc2.Error {
 		return &jsonrpc2.Error{Code: CodeResourceMissing, Message: err.Error()}
 	case errors.Is(err, sandbox.ErrInvalid):
 		return &jsonrpc2.Error{Code: CodeInvalidParams, Message: err.Error()}
+	case errors.Is(err, sandbox.ErrLimit):
+		// ACP's RequestCancelled also covers a request aborted for
+		// resource constraints.
+		return &jsonrpc2.Error{Code: CodeCancelled, Message: err.Error()}
 	}
 	return &jsonrpc2.Error{Code: CodeInternal, Message: err.Error()}
 }

@@ -40,7 +40,7 @@ func (l *requestLimiter) acquire(method string) (release func(), err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.n >= maxInFlight {
-		return nil, &jsonrpc2.Error{Code: CodeInternal, Message: fmt.Sprintf("%s: %d requests are waiting for their answer; wait for some", method, maxInFlight)}
+		return nil, &jsonrpc2.Error{Code: CodeCancelled, Message: fmt.Sprintf("%s: %d requests are waiting for their answer; wait for some", method, maxInFlight)}
 	}
 	l.n++
 	return func() {

@@ -62,8 +62,10 @@ func get[T any](f fields, name string, required bool, dst *T) error {
 	return nil
 }
 
-// maxIDLen bounds a session or terminal id a peer sends.
-const maxIDLen = 256
+// maxIDLen bounds a session or terminal id a peer sends. The schema sets
+// none; agents' ids are UUIDs and the like, and one this long is already
+// more than a log line should carry.
+const maxIDLen = 4096
 
 // items decodes an array field whose schema has
 // x-deserialize-default-on-error and x-deserialize-skip-invalid-items, as

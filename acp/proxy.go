@@ -143,6 +143,39 @@ type message struct {
 	Error  json.RawMessage `json:"error,omitempty"`
 }
 
+// plainID returns the id of a message that is an object with exactly one
+// member that can be read as id in any case spelling, spelled "id", whose
+// value is a number or a string, and with some member that can be read as
+// method: a request whose other members are ambiguous can still be
+// answered by that id.
+func plainID(body []byte) (json.RawMessage, bool) {
+	spans, err := objectMembers(body)
+	if err != nil {
+		return nil, false
+	}
+	var id json.RawMessage
+	ids, method := 0, false
+	for _, sp := range spans {
+		switch {
+		case strings.EqualFold(sp.name, "id"):
+			ids++
+			if sp.name == "id" {
+				id = body[sp.valueStart:sp.end]
+			}
+		case strings.EqualFold(sp.name, "method"):
+			method = true
+		}
+	}
+	if ids != 1 || len(id) == 0 || !method {
+		return nil, false
+	}
+	switch c := id[0]; {
+	case c == '"', c == '-', '0' <= c && c <= '9':
+		return id, true
+	}
+	return nil, false
+}
+
 func (m message) isRequest() bool  { return m.Method != "" && len(m.ID) > 0 && string(m.ID) != "null" }
 func (m message) isResponse() bool { return m.Method == "" && len(m.ID) > 0 }
 
@@ -364,6 +397,12 @@ func (p *Proxy) fromAgent() error {
 		}
 		if err != nil {
 			p.log.Warn("dropped a message from the agent that is not JSON-RPC", "err", err, "line", truncate(body, 200))
+			if id, ok := plainID(body); ok {
+				// A request gets its answer, or the agent waits for
+				// ever; a response gets none (JSON-RPC), and its
+				// requester, sandboxd, has none in flight by this id.
+				p.replyToAgentLater(message{ID: id}, nil, &jsonrpc2.Error{Code: CodeInvalidRequest, Message: "invalid request: " + err.Error()})
+			}
 			continue
 		}
 		switch {
@@ -856,7 +895,9 @@ func terminalItem(item json.RawMessage) (string, bool) {
 		Type       string `json:"type"`
 		TerminalID string `json:"terminalId"`
 	}
-	if json.Unmarshal(item, &c) != nil || c.Type != "terminal" {
+	// One without an id names no terminal: editors skip it as invalid,
+	// and it is left for them to.
+	if json.Unmarshal(item, &c) != nil || c.Type != "terminal" || c.TerminalID == "" {
 		return "", false
 	}
 	return c.TerminalID, true
@@ -999,16 +1040,22 @@ func (p *Proxy) rewriteToolCall(sessionID, kind string, update map[string]json.R
 // names: terminal_info, terminal_output and terminal_exit of the agent's
 // own terminals.
 func (p *Proxy) noteAgentTerminals(sessionID string, raw json.RawMessage) {
-	var meta map[string]struct {
-		TerminalID string `json:"terminal_id"`
-	}
+	// Member by member: _meta may hold anything else, of any type, and
+	// one value that is no object must not hide the terminals.
+	var meta map[string]json.RawMessage
 	if len(raw) == 0 || json.Unmarshal(raw, &meta) != nil {
 		return
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, key := range []string{"terminal_info", "terminal_output", "terminal_exit"} {
-		id := meta[key].TerminalID
+		var v struct {
+			TerminalID string `json:"terminal_id"`
+		}
+		if json.Unmarshal(meta[key], &v) != nil {
+			continue
+		}
+		id := v.TerminalID
 		k := termKey{sessionID, id}
 		if id == "" || p.agentTerminals[k] {
 			continue

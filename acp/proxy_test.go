@@ -218,6 +218,23 @@ func TestWrapProxyDropsAgentLinesThatAreNotMessages(t *testing.T) {
 	if n := strings.Count(pp.logs.String(), "dropped"); n != 10 {
 		t.Errorf("logged %d drops, want 10:\n%s", n, pp.logs)
 	}
+	// The requests among them, whose id can be read, get an answer: the
+	// agent would wait for ever otherwise.
+	var ids []string
+	for range 5 {
+		var res struct {
+			ID    json.RawMessage    `json:"id"`
+			Error struct{ Code int } `json:"error"`
+		}
+		line := recv(t, pp.agent)
+		if err := json.Unmarshal([]byte(line), &res); err != nil || res.Error.Code != CodeInvalidRequest {
+			t.Errorf("reply to a dropped request: %q, want InvalidRequest", line)
+		}
+		ids = append(ids, string(res.ID))
+	}
+	if got := strings.Join(ids, " "); got != "1 2 3 4 5" {
+		t.Errorf("answered ids %s, want 1 to 5", got)
+	}
 	// A CR between tokens is whitespace to JSON, a line break to some
 	// editors: it reaches the editor as a space.
 	send(t, pp.toProxyFromAgent, "{\"a\":\r{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"terminal/create\",\"params\":{}}\r}\n")
@@ -359,6 +376,9 @@ func TestWrapRewriteUpdate(t *testing.T) {
 		// One the agent runs itself and names in its own _meta goes on
 		// as it is, for the editor to render from that _meta.
 		{"the agent's own terminal, for Zed", `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"toolu_1","kind":"execute","content":[{"type":"terminal","terminalId":"toolu_1"}],"_meta":{"terminal_info":{"terminal_id":"toolu_1","cwd":"/w"}}}}}`, "", true},
+		{"the agent's own terminal beside other _meta", `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"toolu_2","content":[{"type":"terminal","terminalId":"toolu_2"}],"_meta":{"isBackground":false,"n":[1],"terminal_info":{"terminal_id":"toolu_2"}}}}}`, "", true},
+		// An item without an id names no terminal: editors skip it.
+		{"a terminal item without an id", `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c","content":[{"type":"terminal"}]}}}`, "", false},
 		{"the agent's own terminal exits", `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call_update","toolCallId":"toolu_1","status":"completed","content":[{"type":"terminal","terminalId":"toolu_1"}],"_meta":{"terminal_exit":{"terminal_id":"toolu_1","exit_code":0,"signal":null}}}}}`, "", true},
 	}
 	for _, tc := range tests {

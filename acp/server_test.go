@@ -191,7 +191,7 @@ func TestParamsNameTheField(t *testing.T) {
 		{`{"sessionId":1}`, "sessionId: must be a string"},
 		{`{}`, "sessionId: required"},
 		{`{"sessionId":"a\u0000b"}`, "sessionId: contains a NUL byte"},
-		{`{"sessionId":"` + strings.Repeat("s", 257) + `"}`, "sessionId: 257 bytes is longer than the 256"},
+		{`{"sessionId":"` + strings.Repeat("s", 4097) + `"}`, "sessionId: 4097 bytes is longer than the 4096"},
 	}
 	for _, tc := range tests {
 		f, err := decodeFields(json.RawMessage(tc.params), "")

@@ -198,8 +198,8 @@ max_output_memory = "2MiB"
 	defer cancel()
 	ids := sleepers(t, ctx, a, "one", 2)
 	_, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: "one", Command: "true"})
-	if rpcCode(err) != -32603 || !strings.Contains(rpcMessage(err), "server.max_output_memory") {
-		t.Errorf("a third 1 MiB buffer: err = %v, want -32603 naming server.max_output_memory", err)
+	if rpcCode(err) != -32800 || !strings.Contains(rpcMessage(err), "server.max_output_memory") {
+		t.Errorf("a third 1 MiB buffer: err = %v, want -32800 naming server.max_output_memory", err)
 	}
 	if out, _ := runCmd(t, ctx, a, acpsdk.CreateTerminalRequest{SessionId: "one", Command: "echo", Args: []string{"x"}, OutputByteLimit: ptr(0)}); out.Output != "" {
 		t.Errorf("a terminal that keeps no output: %q", out.Output)
@@ -244,8 +244,8 @@ max_output_memory = "2MiB"
 		t.Fatalf("a second 1 MiB buffer: %v", err)
 	}
 	_, err = a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: "one", Command: "true", OutputByteLimit: &mib})
-	if rpcCode(err) != -32603 || !strings.Contains(rpcMessage(err), "server.max_output_memory") {
-		t.Errorf("a third 1 MiB buffer, one of them released but running: err = %v, want -32603 naming server.max_output_memory", err)
+	if rpcCode(err) != -32800 || !strings.Contains(rpcMessage(err), "server.max_output_memory") {
+		t.Errorf("a third 1 MiB buffer, one of them released but running: err = %v, want -32800 naming server.max_output_memory", err)
 	}
 }
 
