@@ -238,9 +238,7 @@ func (m *Manager) OpenAsync(key string, spec SessionSpec) {
 	if state != fresh {
 		return
 	}
-	m.wg.Add(1)
 	go func() {
-		defer m.wg.Done()
 		if err := m.startSession(m.ctx, s); err != nil {
 			m.log.Warn("prepare session", "session", spec.ID, "err", err)
 		}
@@ -288,6 +286,10 @@ func (m *Manager) reserve(key string, spec SessionSpec) (*Session, int, error) {
 	}
 	s := newSession(m, key, spec)
 	m.sessions[key] = s
+	// Close waits for the start (startSession's Done), in the caller's
+	// goroutine or in the background: a container it makes after Close
+	// gave up on it would be left running, unknown.
+	m.wg.Add(1)
 	return s, fresh, nil
 }
 
@@ -367,7 +369,9 @@ func (m *Manager) refillSpare() {
 	}()
 }
 
+// startSession starts s, which reserve returned fresh: once for each.
 func (m *Manager) startSession(ctx context.Context, s *Session) error {
+	defer m.wg.Done()
 	err := s.start(ctx)
 	if err != nil {
 		m.forget(s)
@@ -619,18 +623,27 @@ func (m *Manager) reapIdle(timeout time.Duration) {
 		case now := <-tick.C:
 			m.mu.Lock()
 			var idle []*Session
-			for _, s := range m.sessions {
+			for key, s := range m.sessions {
 				if s.claimIdle(now, timeout) {
+					// Among the detached at once: until its close
+					// is done its container still counts, and
+					// still shows its mounts to the link check.
+					delete(m.sessions, key)
+					m.detached[s] = struct{}{}
 					idle = append(idle, s)
 				}
 			}
 			m.mu.Unlock()
+			var wg sync.WaitGroup
 			for _, s := range idle {
 				m.log.Info("closing idle session", "session", s.ID, "idle", timeout)
-				if err := s.Close(m.ctx); err != nil {
-					m.log.Warn("close idle session", "session", s.ID, "err", err)
-				}
+				wg.Go(func() {
+					if err := s.Close(m.ctx); err != nil {
+						m.log.Warn("close idle session", "session", s.ID, "err", err)
+					}
+				})
 			}
+			wg.Wait()
 		}
 	}
 }

@@ -712,11 +712,22 @@ func (s *Session) start(ctx context.Context) error {
 		m.discard(s)
 		return fmt.Errorf("open session %s: %w: closed while it started", s.ID, ErrNotFound)
 	}
+	// A close that comes after the look above removes the container
+	// under the start, which then fails: that is the close's doing,
+	// and said so, for a caller that opens the session again.
+	closedMeanwhile := fmt.Errorf("open session %s: %w: closed while it started", s.ID, ErrNotFound)
 	if _, err := m.cli.ContainerStart(ctx, created.ID, client.ContainerStartOptions{}); err != nil {
 		m.discard(s)
+		if s.isClosed() {
+			return closedMeanwhile
+		}
 		return fmt.Errorf("open session %s: start container: %w", s.ID, EngineError(err))
 	}
 	if err := s.verifyMounts(ctx, checks, coverTargets); err != nil {
+		if s.isClosed() {
+			m.discard(s)
+			return closedMeanwhile
+		}
 		if why := s.stopped(ctx, created.ID); why != nil {
 			err = why
 		}

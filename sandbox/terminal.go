@@ -335,8 +335,10 @@ func (t *Terminal) start(ctx context.Context, cwd string) error {
 	t.conn = att.HijackedResponse
 	t.mu.Unlock()
 	if closed {
-		// The session closed meanwhile, and with it the container.
+		// The session closed meanwhile, and with it the container: the
+		// peer must not get the id of a terminal the session dropped.
 		att.Close()
+		return fmt.Errorf("start terminal %s: %w: the session was closed meanwhile", t.ID, ErrNotFound)
 	}
 	if t.cmd.TTY && t.cmd.Cols > 0 && t.cmd.Rows > 0 {
 		// API 1.41 ignores ConsoleSize, so size the PTY explicitly.
