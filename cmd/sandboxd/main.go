@@ -29,9 +29,9 @@ import (
 const usage = `sandboxd runs AI agents' shell commands in hardened per-session containers.
 
 Usage:
-  sandboxd wrap [--config FILE] [--cpus N] [--memory SIZE] [--pids N] [--network NAME] [--image REF] [--agent-grace D] -- AGENT [ARGS...]
-  sandboxd serve [--listen stdio|unix:PATH] [--config FILE]
-  sandboxd run [--cpus N] [--memory SIZE] [--pids N] [--network NAME] [--image REF] [--config FILE] -- CMD [ARGS...]
+  sandboxd wrap [--config FILE] [--cpus N] [--memory SIZE] [--pids N] [--network NAME] [--image REF] [--agent-grace D] [--ahp-listen ADDR] [flags] -- AGENT [ARGS...]
+  sandboxd serve [--listen stdio|unix:PATH] [--config FILE] [--ahp-listen ADDR] [flags]
+  sandboxd run [--cpus N] [--memory SIZE] [--pids N] [--network NAME] [--image REF] [--config FILE] [flags] -- CMD [ARGS...]
   sandboxd image build [--ref REF]
   sandboxd gc [--all]
   sandboxd config
