@@ -734,3 +734,46 @@ func TestAHPKilledShellHasAnExitCode(t *testing.T) {
 		}
 	}
 }
+
+// TestAHPConnectionsAndTerminalsLeaveNoDescriptors: clients that come,
+// make a terminal, dispose of it or leave it running, and go, and
+// refused connections, leave sandboxd with the descriptors it had.
+func TestAHPConnectionsAndTerminalsLeaveNoDescriptors(t *testing.T) {
+	ws := workspace(t)
+	a := startAHP(t, ws)
+	pid := a.srv.cmd.Process.Pid
+	// Warm up: the session, the engine connection pool.
+	warm := subscribedTerminal(t, a, "warm", "ahp-terminal:/warm", ws)
+	warm.input("ahp-terminal:/warm", "echo wa''rm\r", 1)
+	eventually(t, "warm", 60*time.Second, func() bool { return strings.Contains(warm.data("ahp-terminal:/warm"), "warm\r\n") })
+	before := fdCount(t, pid)
+	const n = 20 // half left running: well more than the slack below
+	for i := range n {
+		term := fmt.Sprintf("ahp-terminal:/leak%d", i)
+		c := subscribedTerminal(t, a, fmt.Sprintf("leak%d", i), term, ws)
+		c.input(term, "echo st''arted\r", 1)
+		eventually(t, "started", 60*time.Second, func() bool { return strings.Contains(c.data(term), "started\r\n") })
+		if i%2 == 0 {
+			if r := c.call("disposeTerminal", map[string]any{"channel": term}); r.Error != nil {
+				t.Fatalf("dispose: %+v", r.Error)
+			}
+		}
+		c.ws.Close(websocket.StatusNormalClosure, "")
+		// Refused: a wrong token.
+		if bad, err := dialAHP(t, a, http.Header{"Authorization": {"Bearer wrong"}}); err == nil {
+			bad.ws.CloseNow()
+		}
+	}
+	// The terminals left running hold their exec connections; dispose
+	// of them from another client, then all is as it was.
+	c := watcher(t, a, "sweeper", "ahp-root://")
+	for i := 1; i < n; i += 2 {
+		if r := c.call("disposeTerminal", map[string]any{"channel": fmt.Sprintf("ahp-terminal:/leak%d", i)}); r.Error != nil {
+			t.Fatalf("dispose: %+v", r.Error)
+		}
+	}
+	c.ws.Close(websocket.StatusNormalClosure, "")
+	eventually(t, "descriptors back to the baseline", 30*time.Second, func() bool {
+		return fdCount(t, pid) <= before+4
+	})
+}
