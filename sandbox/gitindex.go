@@ -35,8 +35,13 @@ func gitlinks(indexFile string, hashLen int, budget *int64) ([]string, error) {
 		return links, err
 	}
 	// Entries the split part deletes are still listed: one path too many
-	// is only a directory made read-only.
-	more, _, err := readGitlinks(filepath.Join(filepath.Dir(indexFile), "sharedindex."+shared), hashLen, budget)
+	// is only a directory made read-only. A shared index that is gone
+	// leaves the rest unknown: git itself cannot read such an index.
+	sharedFile := filepath.Join(filepath.Dir(indexFile), "sharedindex."+shared)
+	if _, err := os.Lstat(sharedFile); err != nil {
+		return nil, fmt.Errorf("read git index %s: its shared index: %w", indexFile, err)
+	}
+	more, _, err := readGitlinks(sharedFile, hashLen, budget)
 	return append(links, more...), err
 }
 

@@ -165,6 +165,14 @@ func TestGitlinks(t *testing.T) {
 		}
 	})
 
+	t.Run("split index without its shared index", func(t *testing.T) {
+		sub := t.TempDir()
+		writeIndex(t, filepath.Join(sub, "index"), 2, 20, []indexEntry{{"new/mod", 0o160000}}, extension("link", bytes.Repeat([]byte{0xcd}, 20)))
+		if _, err := gitlinks(filepath.Join(sub, "index"), 20, budget()); err == nil || !strings.Contains(err.Error(), "shared index") {
+			t.Errorf("gitlinks = %v, want an error naming the missing shared index", err)
+		}
+	})
+
 	t.Run("split index replacing an entry with a submodule", func(t *testing.T) {
 		sub := t.TempDir()
 		writeIndex(t, filepath.Join(sub, "sharedindex."+strings.Repeat("ab", 20)), 2, 20, []indexEntry{{"f", 0o100644}})
