@@ -9,6 +9,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -30,32 +31,65 @@ const indexBudget = 256 << 20
 // one that cannot be read whole, or beyond the budget, is an error, since
 // a submodule left out would be left writable.
 func gitlinks(indexFile string, hashLen int, budget *int64) ([]string, error) {
-	links, shared, err := readGitlinks(indexFile, hashLen, budget)
-	if err != nil || shared == "" {
-		return links, err
+	main, err := readIndex(indexFile, hashLen, budget, nil)
+	if err != nil || main.shared == "" {
+		return main.links, err
 	}
 	// Entries the split part deletes are still listed: one path too many
 	// is only a directory made read-only. A shared index that is gone
 	// leaves the rest unknown: git itself cannot read such an index.
-	sharedFile := filepath.Join(filepath.Dir(indexFile), "sharedindex."+shared)
+	sharedFile := filepath.Join(filepath.Dir(indexFile), "sharedindex."+main.shared)
 	if _, err := os.Lstat(sharedFile); err != nil {
 		return nil, fmt.Errorf("read git index %s: its shared index: %w", indexFile, err)
 	}
-	more, _, err := readGitlinks(sharedFile, hashLen, budget)
-	return append(links, more...), err
+	// A submodule that replaces an entry of the shared index has no name
+	// of its own: it takes the name of the entry it replaces.
+	at := make(map[int]bool, len(main.replacing))
+	for _, pos := range main.replacing {
+		at[pos] = true
+	}
+	base, err := readIndex(sharedFile, hashLen, budget, at)
+	if err != nil {
+		return nil, err
+	}
+	links := append(main.links, base.links...)
+	for _, pos := range main.replacing {
+		name, ok := base.named[pos]
+		if !ok {
+			return nil, fmt.Errorf("read git index %s: it replaces entry %d of its shared index, which has no such entry", indexFile, pos)
+		}
+		if localPath(name) {
+			links = append(links, name)
+		}
+	}
+	return links, nil
 }
 
-// readGitlinks reads one index file: its gitlinks, and the hex id of the
-// shared index a split index names ("" for none).
-func readGitlinks(indexFile string, hashLen int, budget *int64) (links []string, shared string, err error) {
-	fail := func(err error) ([]string, string, error) {
-		return nil, "", fmt.Errorf("read git index %s: %w", indexFile, err)
+// indexRead is what readIndex finds in one index file.
+type indexRead struct {
+	links []string
+	// shared is the hex id of the shared index a split index names, ""
+	// for none; replacing holds, for each of its submodules that
+	// replaces an entry there (and so has no name), that entry's place.
+	shared    string
+	replacing []int
+	// named holds the names of the entries readIndex was asked for, by
+	// place.
+	named map[int]string
+}
+
+// readIndex reads one index file: its submodules, what it says of a shared
+// index, and the names of the entries at the places in namesAt.
+func readIndex(indexFile string, hashLen int, budget *int64, namesAt map[int]bool) (indexRead, error) {
+	var found indexRead
+	fail := func(err error) (indexRead, error) {
+		return indexRead{}, fmt.Errorf("read git index %s: %w", indexFile, err)
 	}
 	// Not following a link, and not waiting on a FIFO a command put
 	// there.
 	fd, err := unix.Open(indexFile, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if errors.Is(err, unix.ENOENT) {
-		return nil, "", nil
+		return found, nil
 	}
 	if err != nil {
 		return fail(err)
@@ -89,7 +123,24 @@ func readGitlinks(indexFile string, hashLen int, budget *int64) (links []string,
 	// and the flags.
 	fixed := 40 + hashLen + 2
 	entry := make([]byte, fixed+2)
-	var prev []byte // the path before, which version 4 paths build on
+	var prev []byte     // the path before, which version 4 paths build on
+	var nameless []bool // for each entry without a name: is it a submodule
+	// note records an entry's name where it is wanted. name is good only
+	// until the next read.
+	note := func(i uint32, gitlink bool, name []byte) {
+		switch {
+		case len(name) == 0:
+			nameless = append(nameless, gitlink)
+		case gitlink && localPath(string(name)):
+			found.links = append(found.links, string(name))
+		}
+		if namesAt[int(i)] {
+			if found.named == nil {
+				found.named = make(map[int]string)
+			}
+			found.named[int(i)] = string(name)
+		}
+	}
 	for i := uint32(0); i < n; i++ {
 		if _, err := io.ReadFull(r, entry[:fixed]); err != nil {
 			return fail(err)
@@ -122,27 +173,14 @@ func readGitlinks(indexFile string, hashLen int, budget *int64) (links []string,
 			if len(prev) > maxIndexPath {
 				return fail(errors.New("a path longer than any file system takes"))
 			}
-			if gitlink && len(prev) == 0 {
-				return fail(errors.New("a split index replaces an entry with a submodule; run `git update-index --no-split-index`"))
-			}
-			if gitlink && localPath(string(prev)) {
-				links = append(links, string(prev))
-			}
+			note(i, gitlink, prev)
 			continue
 		}
 		name, err := readPath(r)
 		if err != nil {
 			return fail(err)
 		}
-		if gitlink && len(name) == 0 {
-			// A split index names an entry that replaces one of the
-			// shared index by its place there, in a bitmap not read
-			// here: the submodule cannot be told.
-			return fail(errors.New("a split index replaces an entry with a submodule; run `git update-index --no-split-index`"))
-		}
-		if gitlink && localPath(string(name)) {
-			links = append(links, string(name))
-		}
+		note(i, gitlink, name)
 		size += len(name) + 1
 		// An entry is NUL-padded to a multiple of eight bytes.
 		if pad := (8 - size%8) % 8; pad > 0 {
@@ -160,24 +198,104 @@ func readGitlinks(indexFile string, hashLen int, budget *int64) (links []string,
 		}
 		size := binary.BigEndian.Uint32(ext[4:])
 		if string(ext[:4]) == "link" {
-			id := make([]byte, hashLen)
-			if size < uint32(hashLen) {
+			if int64(size) > fi.Size() {
+				return fail(errors.New("link extension longer than the file"))
+			}
+			body := make([]byte, size)
+			if _, err := io.ReadFull(r, body); err != nil {
+				return fail(fmt.Errorf("link extension: %w", err))
+			}
+			if len(body) < hashLen {
 				return fail(errors.New("short link extension"))
 			}
-			if _, err := io.ReadFull(r, id); err != nil {
-				return fail(err)
+			found.shared = fmt.Sprintf("%x", body[:hashLen])
+			// The id, then two bitmaps of places in the shared index:
+			// the entries deleted, then those replaced, the nth set bit
+			// by the nth entry without a name.
+			var replaced []int
+			if rest := body[hashLen:]; len(rest) > 0 {
+				_, rest, err := readEWAH(rest, 0)
+				if err == nil {
+					replaced, _, err = readEWAH(rest, len(nameless))
+				}
+				if err != nil {
+					return fail(fmt.Errorf("link extension: %w", err))
+				}
 			}
-			shared = fmt.Sprintf("%x", id)
-			size -= uint32(hashLen)
+			for k, gitlink := range nameless {
+				if !gitlink {
+					continue
+				}
+				if k >= len(replaced) {
+					return fail(errors.New("a submodule without a name replaces no entry of the shared index"))
+				}
+				found.replacing = append(found.replacing, replaced[k])
+			}
+			continue
 		}
 		if _, err := r.Discard(int(size)); err != nil {
 			break
 		}
 	}
-	if strings.Trim(shared, "0") == "" {
-		shared = ""
+	if strings.Trim(found.shared, "0") == "" {
+		found.shared = ""
 	}
-	return links, shared, nil
+	if found.shared == "" && slices.Contains(nameless, true) {
+		return fail(errors.New("a submodule without a name, and no shared index to name it"))
+	}
+	return found, nil
+}
+
+// maxEWAHBits bounds the places an index bitmap may name.
+const maxEWAHBits = 1 << 32
+
+// readEWAH reads one of git's compressed bitmaps (ewah/ewah_io.c): the
+// number of bits, the number of 64-bit words, the words, and the place
+// of the last run word. The words alternate: a run word (bit 0 the bit of
+// the run, the next 32 its length in words, the top 31 how many literal
+// words follow it), then its literal words. It returns the places of the
+// first want set bits, in order, and what follows the bitmap: a run of
+// ones a few bytes long may stand for billions of places.
+func readEWAH(b []byte, want int) (set []int, rest []byte, err error) {
+	if len(b) < 8 {
+		return nil, nil, errors.New("short bitmap")
+	}
+	words := binary.BigEndian.Uint32(b[4:8])
+	if uint64(words)*8+12 > uint64(len(b)) {
+		return nil, nil, errors.New("bitmap longer than its extension")
+	}
+	w := b[8 : 8+8*int(words)]
+	rest = b[8+8*int(words)+4:]
+	pos := 0
+	for len(w) > 0 {
+		rlw := binary.BigEndian.Uint64(w)
+		w = w[8:]
+		run := int(rlw >> 1 & (1<<32 - 1))
+		literals := int(rlw >> 33)
+		if run > maxEWAHBits/64 || pos+run*64 > maxEWAHBits {
+			return nil, nil, errors.New("bitmap run too long")
+		}
+		if rlw&1 != 0 {
+			for i := 0; i < run*64 && len(set) < want; i++ {
+				set = append(set, pos+i)
+			}
+		}
+		pos += run * 64
+		if literals*8 > len(w) {
+			return nil, nil, errors.New("bitmap literals past its end")
+		}
+		for range literals {
+			lit := binary.BigEndian.Uint64(w)
+			w = w[8:]
+			for bit := 0; bit < 64 && len(set) < want; bit++ {
+				if lit&(1<<bit) != 0 {
+					set = append(set, pos+bit)
+				}
+			}
+			pos += 64
+		}
+	}
+	return set, rest, nil
 }
 
 // readGitVarint reads a number as git writes it in a version 4 index

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -106,6 +107,56 @@ func TestGitVarint(t *testing.T) {
 	}
 }
 
+// ewah is git's compressed bitmap with the given places set, written
+// plainly: one run word of no run, then every word as a literal.
+func ewah(set ...int) []byte {
+	n := 0
+	for _, p := range set {
+		n = max(n, p/64+1)
+	}
+	words := make([]uint64, n)
+	for _, p := range set {
+		words[p/64] |= 1 << (p % 64)
+	}
+	b := binary.BigEndian.AppendUint32(nil, uint32(n*64))
+	b = binary.BigEndian.AppendUint32(b, uint32(n+1))
+	b = binary.BigEndian.AppendUint64(b, uint64(n)<<33)
+	for _, w := range words {
+		b = binary.BigEndian.AppendUint64(b, w)
+	}
+	return binary.BigEndian.AppendUint32(b, 0)
+}
+
+func TestReadEWAH(t *testing.T) {
+	// A run of ones: three words (192 places), then a literal.
+	b := binary.BigEndian.AppendUint32(nil, 256)
+	b = binary.BigEndian.AppendUint32(b, 2)
+	b = binary.BigEndian.AppendUint64(b, 1|3<<1|1<<33)
+	b = binary.BigEndian.AppendUint64(b, 1<<2)
+	b = binary.BigEndian.AppendUint32(b, 0)
+	b = append(b, "after"...)
+	set, rest, err := readEWAH(b, 1000)
+	if err != nil || len(set) != 193 || set[0] != 0 || set[191] != 191 || set[192] != 194 || string(rest) != "after" {
+		t.Errorf("readEWAH = %d places (%v...), rest %q, %v", len(set), set[:min(3, len(set))], rest, err)
+	}
+	if set, _, _ := readEWAH(b, 2); len(set) != 2 {
+		t.Errorf("readEWAH with want 2 gave %d places", len(set))
+	}
+	// A run word naming billions of places costs nothing.
+	huge := binary.BigEndian.AppendUint32(nil, 0)
+	huge = binary.BigEndian.AppendUint32(huge, 1)
+	huge = binary.BigEndian.AppendUint64(huge, 1|(1<<26-1)<<1)
+	huge = binary.BigEndian.AppendUint32(huge, 0)
+	if set, _, err := readEWAH(huge, 3); err != nil || len(set) != 3 {
+		t.Errorf("readEWAH of a huge run = %d places, %v", len(set), err)
+	}
+	for _, cut := range []int{0, 7, 12, len(b) - 6} {
+		if _, _, err := readEWAH(b[:cut], 10); err == nil {
+			t.Errorf("readEWAH of %d bytes: no error", cut)
+		}
+	}
+}
+
 func budget() *int64 {
 	b := int64(indexBudget)
 	return &b
@@ -173,14 +224,29 @@ func TestGitlinks(t *testing.T) {
 		}
 	})
 
-	t.Run("split index replacing an entry with a submodule", func(t *testing.T) {
+	t.Run("split index replacing entries with submodules", func(t *testing.T) {
 		sub := t.TempDir()
-		writeIndex(t, filepath.Join(sub, "sharedindex."+strings.Repeat("ab", 20)), 2, 20, []indexEntry{{"f", 0o100644}})
+		var base []indexEntry
+		for i := range 70 {
+			base = append(base, indexEntry{fmt.Sprintf("f%02d", i), 0o100644})
+		}
+		writeIndex(t, filepath.Join(sub, "sharedindex."+strings.Repeat("ab", 20)), 2, 20, base)
+		// f03 is deleted; f05 becomes a file again, f07 and f66 (past
+		// the first bitmap word) submodules; the replacements come
+		// first, without names.
+		link := append(bytes.Repeat([]byte{0xab}, 20), ewah(3)...)
+		link = append(link, ewah(5, 7, 66)...)
 		for _, v := range []uint32{2, 4} {
-			writeIndex(t, filepath.Join(sub, "index"), v, 20, []indexEntry{{"a", 0o100644}, {"", 0o160000}}, extension("link", bytes.Repeat([]byte{0xab}, 20)))
-			if _, err := gitlinks(filepath.Join(sub, "index"), 20, budget()); err == nil || !strings.Contains(err.Error(), "no-split-index") {
-				t.Errorf("version %d: gitlinks = %v, want an error saying what to run", v, err)
+			writeIndex(t, filepath.Join(sub, "index"), v, 20, []indexEntry{{"", 0o100644}, {"", 0o160000}, {"", 0o160000}, {"new/mod", 0o160000}}, extension("link", link))
+			got, err := gitlinks(filepath.Join(sub, "index"), 20, budget())
+			if want := []string{"new/mod", "f07", "f66"}; err != nil || !slices.Equal(got, want) {
+				t.Errorf("version %d: gitlinks = %q, %v; want %q", v, got, err, want)
 			}
+		}
+		// A nameless submodule the bitmap names no place for.
+		writeIndex(t, filepath.Join(sub, "index"), 2, 20, []indexEntry{{"", 0o160000}}, extension("link", append(bytes.Repeat([]byte{0xab}, 20), append(ewah(), ewah()...)...)))
+		if _, err := gitlinks(filepath.Join(sub, "index"), 20, budget()); err == nil {
+			t.Error("a nameless submodule that replaces nothing: no error")
 		}
 	})
 
@@ -273,11 +339,24 @@ func TestGitlinksOfRealGit(t *testing.T) {
 	run("update-index", "--add", "--cacheinfo", "160000,"+commit+","+long)
 	run("update-index", "--add", "--cacheinfo", "160000,"+commit+",deps/zz")
 	for _, v := range []string{"2", "3", "4"} {
+		run("update-index", "--no-split-index")
 		run("update-index", "--index-version", v)
 		got, err := gitlinks(filepath.Join(repo, ".git", "index"), 20, budget())
 		if want := []string{long, "deps/one", "deps/two", "deps/zz"}; err != nil || !slices.Equal(got, want) {
 			t.Errorf("index version %s: gitlinks = %q, %v; want %q", v, got, err, want)
 		}
+	}
+	// A split index, where a file becomes a submodule: git writes the
+	// replacement without a name.
+	run("update-index", "--index-version", "2")
+	run("update-index", "--split-index")
+	run("update-index", "--force-remove", "f")
+	run("update-index", "--add", "--cacheinfo", "160000,"+commit+",f")
+	run("update-index", "--add", "--cacheinfo", "160000,"+commit+",deps/new")
+	got, err := gitlinks(filepath.Join(repo, ".git", "index"), 20, budget())
+	slices.Sort(got)
+	if want := []string{long, "deps/new", "deps/one", "deps/two", "deps/zz", "f"}; err != nil || !slices.Equal(got, want) {
+		t.Errorf("split index: gitlinks = %q, %v; want %q", got, err, want)
 	}
 }
 
