@@ -31,29 +31,29 @@ const indexBudget = 256 << 20
 // one that cannot be read whole, or beyond the budget, is an error, since
 // a submodule left out would be left writable.
 func gitlinks(indexFile string, hashLen int, budget *int64) ([]string, error) {
-	main, err := readIndex(indexFile, hashLen, budget, nil)
-	if err != nil || main.shared == "" {
-		return main.links, err
+	top, err := readIndex(indexFile, hashLen, budget, nil)
+	if err != nil || top.shared == "" {
+		return top.links, err
 	}
 	// Entries the split part deletes are still listed: one path too many
 	// is only a directory made read-only. A shared index that is gone
 	// leaves the rest unknown: git itself cannot read such an index.
-	sharedFile := filepath.Join(filepath.Dir(indexFile), "sharedindex."+main.shared)
+	sharedFile := filepath.Join(filepath.Dir(indexFile), "sharedindex."+top.shared)
 	if _, err := os.Lstat(sharedFile); err != nil {
 		return nil, fmt.Errorf("read git index %s: its shared index: %w", indexFile, err)
 	}
 	// A submodule that replaces an entry of the shared index has no name
 	// of its own: it takes the name of the entry it replaces.
-	at := make(map[int]bool, len(main.replacing))
-	for _, pos := range main.replacing {
+	at := make(map[int]bool, len(top.replacing))
+	for _, pos := range top.replacing {
 		at[pos] = true
 	}
 	base, err := readIndex(sharedFile, hashLen, budget, at)
 	if err != nil {
 		return nil, err
 	}
-	links := append(main.links, base.links...)
-	for _, pos := range main.replacing {
+	links := append(top.links, base.links...)
+	for _, pos := range top.replacing {
 		name, ok := base.named[pos]
 		if !ok {
 			return nil, fmt.Errorf("read git index %s: it replaces entry %d of its shared index, which has no such entry", indexFile, pos)
