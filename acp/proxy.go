@@ -145,16 +145,16 @@ type message struct {
 
 // plainID returns the id of a message that is an object with exactly one
 // member that can be read as id in any case spelling, spelled "id", whose
-// value is a number or a string, and with some member that can be read as
-// method: a request whose other members are ambiguous can still be
-// answered by that id.
+// value is a number or a string, with some member that can be read as
+// method and none that can be read as result or error: a request whose
+// other members are ambiguous can still be answered by that id.
 func plainID(body []byte) (json.RawMessage, bool) {
 	spans, err := objectMembers(body)
 	if err != nil {
 		return nil, false
 	}
 	var id json.RawMessage
-	ids, method := 0, false
+	ids, method, answer := 0, false, false
 	for _, sp := range spans {
 		switch {
 		case strings.EqualFold(sp.name, "id"):
@@ -164,9 +164,13 @@ func plainID(body []byte) (json.RawMessage, bool) {
 			}
 		case strings.EqualFold(sp.name, "method"):
 			method = true
+		case strings.EqualFold(sp.name, "result"), strings.EqualFold(sp.name, "error"):
+			// It may be a response, whose id is one of sandboxd's own
+			// requests', not the agent's: no answer.
+			answer = true
 		}
 	}
-	if ids != 1 || len(id) == 0 || !method {
+	if ids != 1 || len(id) == 0 || !method || answer {
 		return nil, false
 	}
 	switch c := id[0]; {

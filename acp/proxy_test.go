@@ -207,6 +207,8 @@ func TestWrapProxyDropsAgentLinesThatAreNotMessages(t *testing.T) {
 		`{"jsonrpc":"2.0","id":3,"Method":"terminal/create","params":{}}` + "\n",
 		`{"jsonrpc":"2.0","id":4,"method":"x/y","paramſ":{},"params":{"a":"terminal"}}` + "\n",
 		`{"jsonrpc":"2.0","id":5,"method\u0000":"terminal/create","method":"x/y","params":{}}` + "\n",
+		// Perhaps a response, to a request of sandboxd's: no answer.
+		`{"jsonrpc":"2.0","id":6,"METHOD":"terminal/x","result":{}}` + "\n",
 	} {
 		send(t, pp.toProxyFromAgent, line)
 	}
@@ -215,8 +217,8 @@ func TestWrapProxyDropsAgentLinesThatAreNotMessages(t *testing.T) {
 	if got := recv(t, pp.editor); got != last {
 		t.Errorf("editor got %q, want only the message %q", got, last)
 	}
-	if n := strings.Count(pp.logs.String(), "dropped"); n != 10 {
-		t.Errorf("logged %d drops, want 10:\n%s", n, pp.logs)
+	if n := strings.Count(pp.logs.String(), "dropped"); n != 11 {
+		t.Errorf("logged %d drops, want 11:\n%s", n, pp.logs)
 	}
 	// The requests among them, whose id can be read, get an answer: the
 	// agent would wait for ever otherwise.
@@ -232,8 +234,14 @@ func TestWrapProxyDropsAgentLinesThatAreNotMessages(t *testing.T) {
 		}
 		ids = append(ids, string(res.ID))
 	}
-	if got := strings.Join(ids, " "); got != "1 2 3 4 5" {
-		t.Errorf("answered ids %s, want 1 to 5", got)
+	// The next answer is to the next request: none went to what may be
+	// a response.
+	send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","id":99,"method":"terminal/output","params":{"sessionId":"nope","terminalId":"t"}}`+"\n")
+	var next struct{ ID json.RawMessage }
+	json.Unmarshal([]byte(recv(t, pp.agent)), &next)
+	ids = append(ids, string(next.ID))
+	if got := strings.Join(ids, " "); got != "1 2 3 4 5 99" {
+		t.Errorf("answered ids %s, want 1 to 5, then 99", got)
 	}
 	// A CR between tokens is whitespace to JSON, a line break to some
 	// editors: it reaches the editor as a space.

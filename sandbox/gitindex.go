@@ -31,7 +31,7 @@ const indexBudget = 256 << 20
 // one that cannot be read whole, or beyond the budget, is an error, since
 // a submodule left out would be left writable.
 func gitlinks(indexFile string, hashLen int, budget *int64) ([]string, error) {
-	top, err := readIndex(indexFile, hashLen, budget, nil)
+	top, err := readIndex(indexFile, hashLen, budget, nil, true)
 	if err != nil || top.shared == "" {
 		return top.links, err
 	}
@@ -39,16 +39,13 @@ func gitlinks(indexFile string, hashLen int, budget *int64) ([]string, error) {
 	// is only a directory made read-only. A shared index that is gone
 	// leaves the rest unknown: git itself cannot read such an index.
 	sharedFile := filepath.Join(filepath.Dir(indexFile), "sharedindex."+top.shared)
-	if _, err := os.Lstat(sharedFile); err != nil {
-		return nil, fmt.Errorf("read git index %s: its shared index: %w", indexFile, err)
-	}
 	// A submodule that replaces an entry of the shared index has no name
 	// of its own: it takes the name of the entry it replaces.
 	at := make(map[int]bool, len(top.replacing))
 	for _, pos := range top.replacing {
 		at[pos] = true
 	}
-	base, err := readIndex(sharedFile, hashLen, budget, at)
+	base, err := readIndex(sharedFile, hashLen, budget, at, false)
 	if err != nil {
 		return nil, err
 	}
@@ -80,7 +77,7 @@ type indexRead struct {
 
 // readIndex reads one index file: its submodules, what it says of a shared
 // index, and the names of the entries at the places in namesAt.
-func readIndex(indexFile string, hashLen int, budget *int64, namesAt map[int]bool) (indexRead, error) {
+func readIndex(indexFile string, hashLen int, budget *int64, namesAt map[int]bool, optional bool) (indexRead, error) {
 	var found indexRead
 	fail := func(err error) (indexRead, error) {
 		return indexRead{}, fmt.Errorf("read git index %s: %w", indexFile, err)
@@ -88,8 +85,8 @@ func readIndex(indexFile string, hashLen int, budget *int64, namesAt map[int]boo
 	// Not following a link, and not waiting on a FIFO a command put
 	// there.
 	fd, err := unix.Open(indexFile, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-	if errors.Is(err, unix.ENOENT) {
-		return found, nil
+	if errors.Is(err, unix.ENOENT) && optional {
+		return found, nil // a repository without an index records nothing
 	}
 	if err != nil {
 		return fail(err)
@@ -146,6 +143,15 @@ func readIndex(indexFile string, hashLen int, budget *int64, namesAt map[int]boo
 			return fail(err)
 		}
 		flags := binary.BigEndian.Uint16(entry[fixed-2 : fixed])
+		// git reads a name by this length, not by its NUL: a name whose
+		// bytes say otherwise would be one path to git, another here.
+		nameLen := int(flags & 0xfff)
+		checkLen := func(name []byte) error {
+			if len(name) != nameLen && (nameLen < 0xfff || len(name) < 0xfff) {
+				return fmt.Errorf("entry %d: a name of %d bytes where its length says %d", i, len(name), nameLen)
+			}
+			return nil
+		}
 		size := fixed
 		if flags&0x4000 != 0 {
 			if version < 3 {
@@ -173,11 +179,17 @@ func readIndex(indexFile string, hashLen int, budget *int64, namesAt map[int]boo
 			if len(prev) > maxIndexPath {
 				return fail(errors.New("a path longer than any file system takes"))
 			}
+			if err := checkLen(prev); err != nil {
+				return fail(err)
+			}
 			note(i, gitlink, prev)
 			continue
 		}
 		name, err := readPath(r)
 		if err != nil {
+			return fail(err)
+		}
+		if err := checkLen(name); err != nil {
 			return fail(err)
 		}
 		note(i, gitlink, name)
@@ -246,8 +258,9 @@ func readIndex(indexFile string, hashLen int, budget *int64, namesAt map[int]boo
 	return found, nil
 }
 
-// maxEWAHBits bounds the places an index bitmap may name.
-const maxEWAHBits = 1 << 32
+// maxEWAHBits bounds the places an index bitmap may name: more than an
+// index holds entries, and an int on every platform.
+const maxEWAHBits = 1<<31 - 1
 
 // readEWAH reads one of git's compressed bitmaps (ewah/ewah_io.c): the
 // number of bits, the number of 64-bit words, the words, and the place
@@ -260,36 +273,35 @@ func readEWAH(b []byte, want int) (set []int, rest []byte, err error) {
 	if len(b) < 8 {
 		return nil, nil, errors.New("short bitmap")
 	}
-	words := binary.BigEndian.Uint32(b[4:8])
-	if uint64(words)*8+12 > uint64(len(b)) {
+	words := uint64(binary.BigEndian.Uint32(b[4:8]))
+	if words*8+12 > uint64(len(b)) {
 		return nil, nil, errors.New("bitmap longer than its extension")
 	}
-	w := b[8 : 8+8*int(words)]
-	rest = b[8+8*int(words)+4:]
-	pos := 0
+	w := b[8 : 8+8*words]
+	rest = b[8+8*words+4:]
+	var pos uint64
 	for len(w) > 0 {
 		rlw := binary.BigEndian.Uint64(w)
 		w = w[8:]
-		run := int(rlw >> 1 & (1<<32 - 1))
-		literals := int(rlw >> 33)
-		if run > maxEWAHBits/64 || pos+run*64 > maxEWAHBits {
+		run, literals := rlw>>1&(1<<32-1), rlw>>33
+		if pos+run*64 > maxEWAHBits {
 			return nil, nil, errors.New("bitmap run too long")
 		}
 		if rlw&1 != 0 {
-			for i := 0; i < run*64 && len(set) < want; i++ {
-				set = append(set, pos+i)
+			for i := uint64(0); i < run*64 && len(set) < want; i++ {
+				set = append(set, int(pos+i))
 			}
 		}
 		pos += run * 64
-		if literals*8 > len(w) {
+		if literals > uint64(len(w))/8 || pos+literals*64 > maxEWAHBits {
 			return nil, nil, errors.New("bitmap literals past its end")
 		}
 		for range literals {
 			lit := binary.BigEndian.Uint64(w)
 			w = w[8:]
-			for bit := 0; bit < 64 && len(set) < want; bit++ {
+			for bit := uint64(0); bit < 64 && len(set) < want; bit++ {
 				if lit&(1<<bit) != 0 {
-					set = append(set, pos+bit)
+					set = append(set, int(pos+bit))
 				}
 			}
 			pos += 64

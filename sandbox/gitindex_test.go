@@ -145,7 +145,7 @@ func TestReadEWAH(t *testing.T) {
 	// A run word naming billions of places costs nothing.
 	huge := binary.BigEndian.AppendUint32(nil, 0)
 	huge = binary.BigEndian.AppendUint32(huge, 1)
-	huge = binary.BigEndian.AppendUint64(huge, 1|(1<<26-1)<<1)
+	huge = binary.BigEndian.AppendUint64(huge, 1|(1<<25-1)<<1)
 	huge = binary.BigEndian.AppendUint32(huge, 0)
 	if set, _, err := readEWAH(huge, 3); err != nil || len(set) != 3 {
 		t.Errorf("readEWAH of a huge run = %d places, %v", len(set), err)
@@ -219,7 +219,7 @@ func TestGitlinks(t *testing.T) {
 	t.Run("split index without its shared index", func(t *testing.T) {
 		sub := t.TempDir()
 		writeIndex(t, filepath.Join(sub, "index"), 2, 20, []indexEntry{{"new/mod", 0o160000}}, extension("link", bytes.Repeat([]byte{0xcd}, 20)))
-		if _, err := gitlinks(filepath.Join(sub, "index"), 20, budget()); err == nil || !strings.Contains(err.Error(), "shared index") {
+		if _, err := gitlinks(filepath.Join(sub, "index"), 20, budget()); err == nil || !strings.Contains(err.Error(), "sharedindex.") {
 			t.Errorf("gitlinks = %v, want an error naming the missing shared index", err)
 		}
 	})
@@ -263,6 +263,24 @@ func TestGitlinks(t *testing.T) {
 		}
 		if _, err := gitlinks(file, 20, &left); err == nil || !strings.Contains(err.Error(), "MiB sandboxd reads") {
 			t.Errorf("second read beyond the budget: %v", err)
+		}
+	})
+
+	t.Run("a name whose length says otherwise", func(t *testing.T) {
+		// git reads "sub" (the length in the flags), a NUL-reader
+		// "sub/.git": the index is refused, not read either way.
+		file := filepath.Join(dir, "namelen")
+		writeIndex(t, file, 2, 20, []indexEntry{{"sub/.git", 0o160000}})
+		b, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		binary.BigEndian.PutUint16(b[12+60:], 3)
+		if err := os.WriteFile(file, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := gitlinks(file, 20, budget()); err == nil {
+			t.Errorf("gitlinks = %q, want the index refused", got)
 		}
 	})
 

@@ -334,7 +334,9 @@ func (t *Terminal) start(ctx context.Context, cwd string) error {
 	closed := t.closed
 	t.conn = att.HijackedResponse
 	t.mu.Unlock()
-	if closed {
+	// The session's close drops its terminals at once but closes them
+	// only once the container is gone: it may be under way.
+	if closed || s.isClosed() {
 		// The session closed meanwhile, and with it the container: the
 		// peer must not get the id of a terminal the session dropped.
 		att.Close()
