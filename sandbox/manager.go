@@ -565,7 +565,10 @@ func (m *Manager) Close(ctx context.Context) error {
 	m.spare = nil
 	m.mu.Unlock()
 	if spare != nil {
-		spare.removeContainer()
+		if err := spare.removeContainer(); err != nil {
+			// removeLeftovers tries it once more at the end.
+			m.log.Warn("remove spare container", "err", err)
+		}
 	}
 
 	var wg sync.WaitGroup
