@@ -526,10 +526,6 @@ func (d *Dispatcher) cancelAll() {
 	}
 }
 
-// Stop starts no more requests and waits, at most timeout, for those in
-// flight to be answered; it reports whether they all were.
-func (d *Dispatcher) Stop(timeout time.Duration) bool { return d.work.Stop(timeout) }
-
 // Serve answers ACP terminal requests on rwc until the peer disconnects,
 // then closes every session the connection opened.
 func Serve(ctx context.Context, rwc io.ReadWriteCloser, t *Terminals, log *slog.Logger) error {
@@ -548,7 +544,7 @@ func Serve(ctx context.Context, rwc io.ReadWriteCloser, t *Terminals, log *slog.
 	err := t.Close(cctx)
 	// A reply blocked writing to a peer that stopped reading may never
 	// end; shutdown must go on all the same.
-	if !d.Stop(stopTimeout) {
+	if !d.work.Stop(stopTimeout) {
 		log.Warn("connection ended with replies unwritten (a peer that does not read?)", "waited", stopTimeout)
 	}
 	return err

@@ -538,11 +538,16 @@ func (m *Manager) removeLater(s *Session) {
 // detached until forget.
 func (m *Manager) detach(s *Session) {
 	m.mu.Lock()
+	m.detachLocked(s)
+	m.mu.Unlock()
+}
+
+// detachLocked is detach with m.mu held.
+func (m *Manager) detachLocked(s *Session) {
 	if m.sessions[s.key] == s {
 		delete(m.sessions, s.key)
 	}
 	m.detached[s] = struct{}{}
-	m.mu.Unlock()
 }
 
 // Close removes every session's container and releases the instance lock.
@@ -626,13 +631,12 @@ func (m *Manager) reapIdle(timeout time.Duration) {
 		case now := <-tick.C:
 			m.mu.Lock()
 			var idle []*Session
-			for key, s := range m.sessions {
+			for _, s := range m.sessions {
 				if s.claimIdle(now, timeout) {
 					// Among the detached at once: until its close
 					// is done its container still counts, and
 					// still shows its mounts to the link check.
-					delete(m.sessions, key)
-					m.detached[s] = struct{}{}
+					m.detachLocked(s)
 					idle = append(idle, s)
 				}
 			}

@@ -252,8 +252,9 @@ func checkMountSource(dir, engineSocket string, private []string) (real string, 
 	// well live there.
 	h := hostDirIn(real)
 	for _, d := range hostDirs() {
-		if h == "" && Within(d, real) && !(Within("/run/media", real) && real != "/run/media") {
+		if Within(d, real) && !(Within("/run/media", real) && real != "/run/media") {
 			h = d
+			break
 		}
 	}
 	if h != "" {
@@ -706,33 +707,29 @@ func (s *Session) start(ctx context.Context) error {
 	closed := s.closed
 	s.contID = created.ID
 	s.mu.Unlock()
-	if closed {
-		// Closed while the engine created it: Close found nothing to
-		// remove, so this is the last chance to.
-		m.discard(s)
-		return fmt.Errorf("open session %s: %w: closed while it started", s.ID, ErrNotFound)
-	}
-	// A close that comes after the look above removes the container
-	// under the start, which then fails: that is the close's doing,
-	// and said so, for a caller that opens the session again.
-	closedMeanwhile := fmt.Errorf("open session %s: %w: closed while it started", s.ID, ErrNotFound)
-	if _, err := m.cli.ContainerStart(ctx, created.ID, client.ContainerStartOptions{}); err != nil {
+	// fail removes the container of a start that cannot go on. A close
+	// that came meanwhile (Close found no container to remove before
+	// the lines above, or removed it under the start after them) is
+	// what failed it, and said so, for a caller that opens the session
+	// again.
+	fail := func(err error) error {
 		m.discard(s)
 		if s.isClosed() {
-			return closedMeanwhile
+			return fmt.Errorf("open session %s: %w: closed while it started", s.ID, ErrNotFound)
 		}
-		return fmt.Errorf("open session %s: start container: %w", s.ID, EngineError(err))
+		return err
+	}
+	if closed {
+		return fail(nil)
+	}
+	if _, err := m.cli.ContainerStart(ctx, created.ID, client.ContainerStartOptions{}); err != nil {
+		return fail(fmt.Errorf("open session %s: start container: %w", s.ID, EngineError(err)))
 	}
 	if err := s.verifyMounts(ctx, checks, coverTargets); err != nil {
-		if s.isClosed() {
-			m.discard(s)
-			return closedMeanwhile
-		}
 		if why := s.stopped(ctx, created.ID); why != nil {
 			err = why
 		}
-		m.discard(s)
-		return fmt.Errorf("open session %s: %w", s.ID, err)
+		return fail(fmt.Errorf("open session %s: %w", s.ID, err))
 	}
 	m.log.Info("session opened", "session", s.ID, "container", created.ID[:12], "workspace", spec.Workspace, "user", user,
 		"cpus", spec.Limits.CPUs, "memory", limits.FormatBytes(spec.Limits.Memory), "pids", spec.Limits.Pids)
@@ -1706,11 +1703,14 @@ case $look in
     done
   done;;
 esac
+readstat() {
+  st=
+  { read -r st; while read -r l; do st="$st $l"; done; } 2>/dev/null < "$1"
+}
 tree() {
   links=; reapers=" "
   for d in /proc/[0-9]*; do
-    st=
-    { read -r st; while read -r l; do st="$st $l"; done; } 2>/dev/null < "$d/stat"
+    readstat "$d/stat"
     [ -n "$st" ] || continue
     p=${d#/proc/}
     case $st in "$p (docker-init) "?" 0 "*) reapers="$reapers$p ";; esac
@@ -1755,12 +1755,11 @@ while [ "$pids" != " " ]; do
   tree
 done
 read -r t0 _ < /proc/uptime; t0=${t0%.*}${t0#*.}
-reaps=0; st=; { read -r st; } 2>/dev/null < /proc/1/stat
+reaps=0; readstat /proc/1/stat
 case $st in "1 (docker-init) "*|"1 (tini) "*) reaps=1;; esac
 for k in $known; do
   while :; do
-    st=
-    { read -r st; while read -r l; do st="$st $l"; done; } 2>/dev/null < "/proc/${k%%:*}/stat"
+    readstat "/proc/${k%%:*}/stat"
     [ -n "$st" ] || break
     set -- ${st##*) }
     [ "${20}" = "${k##*:}" ] || break
