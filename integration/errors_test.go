@@ -29,6 +29,14 @@ func TestBadRequestsLeaveOthersAlone(t *testing.T) {
 	if err := jsonUnmarshal(rep.Result, &good); err != nil {
 		t.Fatal(err)
 	}
+	// Its output is there before the bad requests, so that the check
+	// after them tells survival from a slow start.
+	id := 10000
+	eventually(t, "the good terminal's output", 30*time.Second, func() bool {
+		id++
+		rep := c.call(t, id, "terminal/output", map[string]any{"sessionId": "good", "terminalId": good.TerminalID})
+		return rep.Error == nil && strings.Contains(string(rep.Result), `"output":"alive\n"`)
+	})
 
 	tests := []struct {
 		name   string
