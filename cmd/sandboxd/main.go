@@ -56,9 +56,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, usage)
 		return 0
 	}
-	if args[0] == "version" || args[0] == "--version" {
-		fmt.Fprintln(stdout, version())
-		return 0
+	if args[0] == "--version" {
+		args = append([]string{"version"}, args[1:]...)
 	}
 	// SIGHUP too: closing the terminal sandboxd runs in must not leave
 	// its containers behind. A signal ignored at start (nohup, a
@@ -93,7 +92,11 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	case "gc":
 		err = cmdGC(ctx, args[1:], stdout, stderr)
 	case "config":
-		err = cmdConfig(args[1:], stdout, stderr)
+		err = cmdPrint("config", "Prints the embedded default configuration, sandbox.toml, which --config FILE\noverrides key by key.",
+			sandboxd.DefaultConfig, args[1:], stdout, stderr)
+	case "version":
+		err = cmdPrint("version", "Prints the module version, the commit the build recorded and the Go version.",
+			version()+"\n", args[1:], stdout, stderr)
 	default:
 		fmt.Fprintf(stderr, "sandboxd: unknown command %q (see 'sandboxd help')\n", args[0])
 		return 2
@@ -454,16 +457,16 @@ func cmdImage(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return err
 }
 
-func cmdConfig(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("config", "config",
-		"Prints the embedded default configuration, sandbox.toml, which --config FILE\noverrides key by key.", stderr)
+// cmdPrint is a command without flags or arguments that prints text.
+func cmdPrint(name, about, text string, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet(name, name, about, stderr)
 	if err := parseFlags(fs, args, stdout); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	}
-	fmt.Fprint(stdout, sandboxd.DefaultConfig)
+	fmt.Fprint(stdout, text)
 	return nil
 }
 

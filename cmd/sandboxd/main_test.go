@@ -36,6 +36,11 @@ func TestCommandLineErrors(t *testing.T) {
 		{[]string{"help", "run"}, 0, "Usage: sandboxd run"},
 		{[]string{"help", "nope"}, 2, "unknown command \"nope\""},
 		{[]string{"version"}, 0, "sandboxd "},
+		{[]string{"--version"}, 0, "sandboxd "},
+		{[]string{"version", "-h"}, 0, "Usage: sandboxd version"},
+		{[]string{"help", "version"}, 0, "Usage: sandboxd version"},
+		{[]string{"version", "extra"}, 2, "unexpected argument \"extra\""},
+		{[]string{"--version", "extra"}, 2, "unexpected argument \"extra\""},
 		{[]string{"config", "extra"}, 2, "unexpected argument \"extra\""},
 		// Allowed in form, not by the configuration: still refused before
 		// the engine is asked (it is not reachable here).
