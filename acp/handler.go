@@ -77,6 +77,8 @@ type Terminals struct {
 	// remove before the wrap ends, until the editor loads or resumes it.
 	ended      map[string]bool
 	endedOrder []string
+	// shared says the AHP channel's own session (SessionFor) is open.
+	shared bool
 }
 
 // maxEnded bounds how many closed sessions a connection remembers.
@@ -98,6 +100,11 @@ func NewTerminals(m *sandbox.Manager, scope, workspace string, defaults sandbox.
 func (t *Terminals) Manager() *sandbox.Manager { return t.m }
 
 func (t *Terminals) key(sessionID string) string { return t.scope + "\x00" + sessionID }
+
+// sharedKey is the manager's key of the AHP channel's own session: no
+// peer's session id maps to it, so no peer can run commands in it or close
+// it.
+func (t *Terminals) sharedKey() string { return t.scope + "\x01ahp" }
 
 // Handle answers one request. The error, if any, is a *jsonrpc2.Error.
 func (t *Terminals) Handle(ctx context.Context, method string, params json.RawMessage) (any, error) {
@@ -386,7 +393,8 @@ func (t *Terminals) Prepare(spec sandbox.SessionSpec) {
 
 // SessionFor returns the connection's open session whose workspace holds
 // dir, so that a shared terminal runs where the agent works; with none, a
-// session of its own ("ahp") in the served workspace.
+// session of its own ("ahp", which no peer can name) in the served
+// workspace.
 func (t *Terminals) SessionFor(ctx context.Context, dir string) (*sandbox.Session, error) {
 	t.mu.Lock()
 	ids := make([]string, 0, len(t.sessions))
@@ -405,7 +413,28 @@ func (t *Terminals) SessionFor(ctx context.Context, dir string) (*sandbox.Sessio
 	}
 	spec := t.defaults
 	spec.ID, spec.Workspace, spec.Dir, spec.ExtraDirs = "ahp", t.workspace, "", nil
-	return t.open(ctx, "ahp", spec, nil, false)
+	t.mu.Lock()
+	closed := t.closed
+	t.shared = !closed
+	t.mu.Unlock()
+	if closed {
+		return nil, errClosed
+	}
+	s, err := t.m.OpenOrGet(ctx, t.sharedKey(), spec)
+	if err != nil {
+		return nil, err
+	}
+	t.mu.Lock()
+	closed = t.closed
+	t.mu.Unlock()
+	if closed {
+		// Close ran meanwhile and may have found nothing to close yet.
+		if s := t.m.Detach(t.sharedKey()); s != nil {
+			s.Close(context.WithoutCancel(ctx))
+		}
+		return nil, errClosed
+	}
+	return s, nil
 }
 
 // Session returns the connection's open session with the given id.
@@ -621,11 +650,19 @@ func (t *Terminals) Close(ctx context.Context) error {
 	for id := range t.sessions {
 		ids = append(ids, id)
 	}
+	shared := t.shared
 	t.mu.Unlock()
 	var errs []error
 	for _, id := range ids {
 		if err := t.CloseSession(ctx, id); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	if shared {
+		if s := t.m.Detach(t.sharedKey()); s != nil {
+			if err := s.Close(ctx); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	return errors.Join(errs...)

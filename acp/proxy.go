@@ -997,9 +997,11 @@ func (p *Proxy) rewriteToolCall(sessionID, kind string, update map[string]json.R
 			unknown = append(unknown, id)
 			continue
 		}
-		p.remember(sessionID, t)
 		ids = append(ids, id)
-		terms = append(terms, t)
+		if !slices.Contains(terms, t) {
+			p.remember(sessionID, t)
+			terms = append(terms, t)
+		}
 	}
 	if len(ids) == 0 && len(unknown) == 0 {
 		if w != nil {
@@ -1462,9 +1464,12 @@ func (w *watch) refresh(final bool) (bool, error) {
 }
 
 // render returns the content with every terminal item replaced by a text
-// item with its output.
+// item with its output. A terminal the content names again gets a line
+// that points up: an agent repeating one item must not make a line that
+// grows with the square of the repeats.
 func (w *watch) render() []json.RawMessage {
 	items := make([]json.RawMessage, 0, len(w.content))
+	shown := make(map[string]bool, len(w.terms))
 	for _, item := range w.content {
 		id, ok := terminalItem(item)
 		if !ok || w.p.agentTerminal(w.sessionID, id) {
@@ -1472,10 +1477,11 @@ func (w *watch) render() []json.RawMessage {
 			continue
 		}
 		text := fmt.Sprintf("(the output of terminal %s is not available)", id)
-		for _, t := range w.terms {
-			if t.ID == id {
-				text = terminalText(t)
-			}
+		if shown[id] {
+			text = fmt.Sprintf("(the output of terminal %s is shown above)", id)
+		} else if i := slices.IndexFunc(w.terms, func(t *sandbox.Terminal) bool { return t.ID == id }); i >= 0 {
+			text = terminalText(w.terms[i])
+			shown[id] = true
 		}
 		b, err := marshal(textContent{Type: "content", Content: textBlock{Type: "text", Text: text}})
 		if err != nil {

@@ -1274,3 +1274,62 @@ func TestWrapProxyFinalOutputBeforeTheAnswer(t *testing.T) {
 		}
 	}
 }
+
+// TestPeersCannotNameTheSharedSession: the session the AHP channel opens
+// for itself is no peer's: a peer's "ahp" is a session of its own, and
+// closing it leaves the shared one running.
+func TestPeersCannotNameTheSharedSession(t *testing.T) {
+	e := newFakeEngine(t)
+	ws := t.TempDir()
+	terms := NewTerminals(e.m, "test", ws, sandbox.SessionSpec{})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	shared, err := terms.SessionFor(ctx, ws)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := terms.Handle(ctx, MethodCreate, json.RawMessage(`{"sessionId":"ahp","command":"true"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := shared.Terminal(res.(CreateTerminalResponse).TerminalID); err == nil {
+		t.Error("a peer's terminal of session \"ahp\" runs in the shared session")
+	}
+	if _, err := terms.Handle(ctx, MethodSessionClose, json.RawMessage(`{"sessionId":"ahp"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if again, err := terms.SessionFor(ctx, ws); err != nil || again != shared {
+		t.Errorf("shared session after a peer closed its \"ahp\": %v, %v; want the same one", again, err)
+	}
+	if err := terms.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.m.Sessions(); n != 0 {
+		t.Errorf("%d sessions after the connection closed, want 0", n)
+	}
+	if _, err := terms.SessionFor(ctx, ws); err == nil {
+		t.Error("the shared session opened again after the connection closed")
+	}
+}
+
+// TestWrapProxyShowsARepeatedTerminalOnce: a tool call that names one
+// terminal many times shows its output once, so the line to the editor
+// grows with the message, not with the square of the repeats.
+func TestWrapProxyShowsARepeatedTerminalOnce(t *testing.T) {
+	e := newFakeEngine(t)
+	pp := startProxyWith(t, e.m)
+	pp.newSession(t, "s")
+	id := pp.createTerminal(t, ``)
+	e.output <- bytes.Repeat([]byte("x"), 70<<10)
+	const repeats = 200
+	item := `{"type":"terminal","terminalId":"` + id + `"}`
+	content := "[" + strings.TrimSuffix(strings.Repeat(item+",", repeats), ",") + "]"
+	send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c","content":`+content+`}}}`+"\n")
+	got := recv(t, pp.editor)
+	if n := strings.Count(got, "is shown above"); n != repeats-1 {
+		t.Errorf("%d items point to the output above, want %d", n, repeats-1)
+	}
+	if max := displayLimit + repeats*200; len(got) > max {
+		t.Errorf("line to the editor is %d bytes, want at most %d", len(got), max)
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/sourcegraph/jsonrpc2"
 
+	"github.com/sandboxd/sandboxd/loglimit"
 	"github.com/sandboxd/sandboxd/sandbox"
 )
 
@@ -560,8 +562,18 @@ func (l debugLog) Printf(format string, args ...any) {
 
 // ListenUnix listens on a unix socket that only the owner may connect to.
 // The socket is created with mode 0600 from the start, not chmod-ed after,
-// so no other user can connect in between.
-func ListenUnix(path string) (net.Listener, error) {
+// so no other user can connect in between; and every connection's peer is
+// checked, since an abstract socket (@name) has no mode at all. log takes
+// the refusals.
+func ListenUnix(path string, log *slog.Logger) (net.Listener, error) {
+	ln, err := bindUnix(path)
+	if err != nil {
+		return nil, err
+	}
+	return &ownerListener{Listener: ln, uids: []uint32{uint32(os.Geteuid()), 0}, log: log}, nil
+}
+
+func bindUnix(path string) (net.Listener, error) {
 	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
 		// A socket left by a crashed instance; a live one would still
 		// accept connections.
@@ -601,6 +613,59 @@ func ListenUnix(path string) (net.Listener, error) {
 		return nil, fmt.Errorf("listen %s: %w", path, err)
 	}
 	return ln, nil
+}
+
+// ownerListener accepts connections from processes of the given users
+// only; others are closed at once.
+type ownerListener struct {
+	net.Listener
+	uids     []uint32
+	log      *slog.Logger
+	refusals loglimit.Limit
+}
+
+func (l *ownerListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		uid, pid, err := peerCred(c)
+		if err == nil && slices.Contains(l.uids, uid) {
+			return c, nil
+		}
+		if n, ok := l.refusals.Allow(time.Now()); ok {
+			if err == nil {
+				err = fmt.Errorf("uid %d is not sandboxd's", uid)
+			}
+			l.log.Warn("connection from another user refused", "pid", pid, "err", err, "not_logged", n)
+		}
+		c.Close()
+	}
+}
+
+// peerCred returns the user and process of a unix connection's peer, as
+// the kernel recorded them when it connected.
+func peerCred(c net.Conn) (uid uint32, pid int32, err error) {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return 0, 0, fmt.Errorf("peer credentials: %T is no unix connection", c)
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return 0, 0, fmt.Errorf("peer credentials: %w", err)
+	}
+	var cred *syscall.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = syscall.GetsockoptUcred(int(fd), syscall.SOL_SOCKET, syscall.SO_PEERCRED)
+	}); err != nil {
+		return 0, 0, fmt.Errorf("peer credentials: %w", err)
+	}
+	if cerr != nil {
+		return 0, 0, fmt.Errorf("peer credentials: %w", cerr)
+	}
+	return cred.Uid, cred.Pid, nil
 }
 
 // ServeListener accepts connections until ctx ends and serves each with its

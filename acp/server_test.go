@@ -512,9 +512,10 @@ func TestWorkGroupStartsNothingOnceStopping(t *testing.T) {
 // (a client waiting for the file is never refused), with mode 0600 and no
 // other file left beside it; a live one is not taken over, a stale one is.
 func TestListenUnix(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	dir := t.TempDir()
 	path := filepath.Join(dir, "sandboxd.sock")
-	ln, err := ListenUnix(path)
+	ln, err := ListenUnix(path, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -530,14 +531,14 @@ func TestListenUnix(t *testing.T) {
 		t.Fatalf("dial: %v", err)
 	}
 	c.Close()
-	if _, err := ListenUnix(path); err == nil || !strings.Contains(err.Error(), "another sandboxd") {
+	if _, err := ListenUnix(path, quiet); err == nil || !strings.Contains(err.Error(), "another sandboxd") {
 		t.Errorf("a second listen on a live socket: %v", err)
 	}
 	ln.Close()
 	if _, err := os.Lstat(path); err != nil {
 		t.Fatalf("the socket file went with the listener: %v (its owner removes it)", err)
 	}
-	ln, err = ListenUnix(path)
+	ln, err = ListenUnix(path, quiet)
 	if err != nil {
 		t.Fatalf("listen over a stale socket: %v", err)
 	}
@@ -547,7 +548,7 @@ func TestListenUnix(t *testing.T) {
 	if err := os.WriteFile(file, []byte("mine"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ListenUnix(file); err == nil {
+	if _, err := ListenUnix(file, quiet); err == nil {
 		t.Error("listen on a regular file's path: no error")
 	}
 	if b, err := os.ReadFile(file); err != nil || string(b) != "mine" {
@@ -555,5 +556,55 @@ func TestListenUnix(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(dir); len(entries) != 2 {
 		t.Errorf("files left: %v, want the socket and the file", entries)
+	}
+}
+
+// TestListenUnixServesTheOwnerOnly: a connection from another user is
+// closed unanswered and logged, also on an abstract socket, which has no
+// file mode to keep others out; the owner's is served.
+func TestListenUnixServesTheOwnerOnly(t *testing.T) {
+	for _, path := range []string{filepath.Join(t.TempDir(), "s.sock"), fmt.Sprintf("@sandboxd-test-%d", os.Getpid())} {
+		t.Run(path, func(t *testing.T) {
+			for _, owner := range []bool{false, true} {
+				var logs syncBuffer
+				ln, err := ListenUnix(path, slog.New(slog.NewTextHandler(&logs, nil)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !owner {
+					// As if another user connected.
+					ln.(*ownerListener).uids = []uint32{uint32(os.Geteuid()) + 1}
+				}
+				accepted := make(chan net.Conn, 1)
+				go func() {
+					c, err := ln.Accept()
+					if err == nil {
+						accepted <- c
+					}
+				}()
+				c, err := net.Dial("unix", path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				c.SetReadDeadline(time.Now().Add(10 * time.Second))
+				if owner {
+					select {
+					case s := <-accepted:
+						s.Close()
+					case <-time.After(10 * time.Second):
+						t.Error("the owner's connection was not accepted")
+					}
+				} else {
+					if n, err := c.Read(make([]byte, 1)); err != io.EOF {
+						t.Errorf("another user's connection: read %d, %v; want it closed", n, err)
+					}
+					if !strings.Contains(logs.String(), "connection from another user refused") {
+						t.Errorf("log %q, want the refusal", logs.String())
+					}
+				}
+				c.Close()
+				ln.Close()
+			}
+		})
 	}
 }

@@ -24,6 +24,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/sandboxd/sandboxd/loglimit"
 	"github.com/sandboxd/sandboxd/sandbox"
 )
 
@@ -88,7 +89,7 @@ type Server struct {
 	ctx context.Context
 	// refusals keeps a flood of refused connections from flooding the
 	// log.
-	refusals logLimit
+	refusals loglimit.Limit
 
 	mu     sync.Mutex
 	seq    int64
@@ -382,7 +383,7 @@ func protectedResources(r *http.Request) []map[string]any {
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{OriginPatterns: s.cfg.Origins})
 	if err != nil {
-		if n, ok := s.refusals.allow(time.Now()); ok {
+		if n, ok := s.refusals.Allow(time.Now()); ok {
 			s.log.Warn("ahp handshake refused", "remote", r.RemoteAddr, "origin", r.Header.Get("Origin"), "err", err, "not_logged", n)
 		}
 		return
@@ -390,7 +391,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ws.SetReadLimit(8 << 20)
 	ctx := r.Context()
 	if !s.authorized(r) {
-		if n, ok := s.refusals.allow(time.Now()); ok {
+		if n, ok := s.refusals.Allow(time.Now()); ok {
 			s.log.Warn("ahp connection without a valid token", "remote", r.RemoteAddr, "not_logged", n)
 		}
 		defer s.strangers.Add(-1)
@@ -577,24 +578,3 @@ func pathOf(uri string) (string, error) {
 }
 
 func fileURI(path string) string { return (&url.URL{Scheme: "file", Path: path}).String() }
-
-// logLimit lets one log line of a kind through per second and counts the
-// rest, for the next line to say how many were left out.
-type logLimit struct {
-	mu      sync.Mutex
-	last    time.Time
-	dropped int
-}
-
-// allow reports whether a line may be logged at now, and how many were not
-// since the last one that was.
-func (l *logLimit) allow(now time.Time) (dropped int, ok bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if now.Sub(l.last) < time.Second {
-		l.dropped++
-		return 0, false
-	}
-	dropped, l.dropped, l.last = l.dropped, 0, now
-	return dropped, true
-}

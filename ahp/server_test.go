@@ -1279,29 +1279,6 @@ func TestReplayCountsOrigins(t *testing.T) {
 	}
 }
 
-func TestLogLimit(t *testing.T) {
-	var l logLimit
-	t0 := time.Unix(1000, 0)
-	steps := []struct {
-		at      time.Duration
-		ok      bool
-		dropped int
-	}{
-		{0, true, 0},
-		{100 * time.Millisecond, false, 0},
-		{900 * time.Millisecond, false, 0},
-		{time.Second, true, 2},
-		{1500 * time.Millisecond, false, 0},
-		{5 * time.Second, true, 1},
-	}
-	for _, st := range steps {
-		dropped, ok := l.allow(t0.Add(st.at))
-		if ok != st.ok || dropped != st.dropped {
-			t.Errorf("at %v: allow = %d, %v; want %d, %v", st.at, dropped, ok, st.dropped, st.ok)
-		}
-	}
-}
-
 // TestRejectionReplaysToItsSenderOnly: a reconnect replays a rejection to
 // the client that sent the action, and not to any other.
 func TestRejectionReplaysToItsSenderOnly(t *testing.T) {

@@ -104,7 +104,7 @@ func (c Command) Argv() []string {
 // mergeStderr is the exec's entry point when output is merged: one pipe for
 // both streams keeps their true order, which two pipes read by the engine
 // cannot.
-const mergeStderr = `exec "$@" 2>&1`
+const mergeStderr = `exec -- "$@" 2>&1`
 
 // reaperPath is the engine's init (tini), which it mounts into every container
 // started with init. Each command runs behind one of its own, registered as

@@ -379,7 +379,7 @@ func cmdServe(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 		return acp.Serve(ctx, peer, terms, log)
 	}
 	path := strings.TrimPrefix(*listen, "unix:")
-	ln, err := acp.ListenUnix(path)
+	ln, err := acp.ListenUnix(path, log)
 	if err != nil {
 		return err
 	}
