@@ -8,6 +8,7 @@ import (
 	"io"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -59,6 +60,8 @@ func TestBadRequestsLeaveOthersAlone(t *testing.T) {
 		{"env name with =", "terminal/create", map[string]any{"sessionId": "good", "command": "true", "env": []map[string]string{{"name": "A=B", "value": "x"}}}, -32602, "env[0].name"},
 		{"reserved env name", "terminal/create", map[string]any{"sessionId": "good", "command": "true", "env": []map[string]string{{"name": "SANDBOXD_TERMINAL", "value": "x"}}}, -32602, "env[0].name"},
 		{"huge argument", "terminal/create", map[string]any{"sessionId": "good", "command": "true", "args": []string{strings.Repeat("x", 1<<20)}}, -32602, "args[0]"},
+		{"args too large together", "terminal/create", map[string]any{"sessionId": "good", "command": "echo", "args": slices.Repeat([]string{strings.Repeat("x", 100<<10)}, 25)}, -32602, "ARG_MAX"},
+		{"env too large together", "terminal/create", map[string]any{"sessionId": "good", "command": "true", "env": slices.Repeat([]map[string]string{{"name": "V", "value": strings.Repeat("x", 100<<10)}}, 25)}, -32602, "ARG_MAX"},
 		{"message over 4 MiB", "terminal/create", map[string]any{"sessionId": "good", "command": "true", "args": []string{strings.Repeat("x", 8<<20)}}, -32600, "longer than"},
 		{"unknown method", "terminal/frobnicate", map[string]any{}, -32601, "terminal/frobnicate"},
 		{"open without cwd", "_sandboxd/session/open", map[string]any{"sessionId": "x"}, -32602, "cwd"},

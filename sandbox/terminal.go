@@ -145,6 +145,25 @@ func CheckString(field, v string) error {
 	return nil
 }
 
+// maxExecBytes bounds what a command, its args and env take in execve:
+// Linux's usual ARG_MAX (a quarter of the default 8 MiB stack), less room
+// for the container's own environment and the entry points sandboxd puts
+// in front. Past it the engine's exec fails with "argument list too long".
+const maxExecBytes = 2<<20 - 64<<10
+
+// execBytes is what c takes in execve: each string with its NUL and its
+// pointer.
+func execBytes(c Command) int {
+	n := 0
+	for _, a := range c.Argv() {
+		n += len(a) + 1 + 8
+	}
+	for _, e := range c.Env {
+		n += len(e.Name) + 1 + len(e.Value) + 1 + 8
+	}
+	return n
+}
+
 // CheckEnvVar rejects an environment variable a command cannot be given:
 // a name that is empty, holds '=' or NUL, or is sandboxd's marker, and a
 // NAME=value that CheckString refuses. field names e in the error.
@@ -178,6 +197,9 @@ func (s *Session) validate(c Command) (cwd string, limit int, err error) {
 		if err := CheckEnvVar(fmt.Sprintf("env[%d]", i), e); err != nil {
 			return "", 0, err
 		}
+	}
+	if n := execBytes(c); n > maxExecBytes {
+		return "", 0, fmt.Errorf("%w: command, args and env together take %d bytes, more than the %d a command may be given (Linux's ARG_MAX, less what sandboxd adds)", ErrInvalid, n, maxExecBytes)
 	}
 	cwd = s.Dir()
 	if c.Cwd != "" {
