@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"syscall"
+
+	"github.com/sandboxd/sandboxd/console"
 )
 
 // Run runs one command in a fresh session and removes the session's
@@ -17,7 +19,10 @@ import (
 // `sandboxd run ... | head` went away; sandboxd does not die of SIGPIPE)
 // ends the command the same way, and Run returns 128+SIGPIPE, what a
 // shell reports for a command that SIGPIPE ended.
-func Run(ctx context.Context, m *Manager, spec SessionSpec, cmd Command) (int, error) {
+//
+// A TTY command is resized to each size that comes on resize, which may be
+// nil.
+func Run(ctx context.Context, m *Manager, spec SessionSpec, cmd Command, resize <-chan console.Size) (int, error) {
 	// The session must be removed even when ctx is already cancelled.
 	cleanup := context.WithoutCancel(ctx)
 	ctx, cancel := context.WithCancelCause(ctx)
@@ -44,6 +49,22 @@ func Run(ctx context.Context, m *Manager, spec SessionSpec, cmd Command) (int, e
 	t, err := s.Start(ctx, cmd)
 	if err != nil {
 		return 0, err
+	}
+	if cmd.TTY && resize != nil {
+		go func() {
+			for {
+				select {
+				case size := <-resize:
+					if err := t.Resize(ctx, size.Cols, size.Rows); err != nil {
+						m.log.Debug("resize", "terminal", t.ID, "err", err)
+					}
+				case <-t.Done():
+					return
+				case <-ctx.Done():
+					return
+				}
+			}
+		}()
 	}
 	st, err := t.Wait(ctx)
 	if err != nil {

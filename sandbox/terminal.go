@@ -51,6 +51,9 @@ type Command struct {
 	// Stdout and Stderr, when set, also get the output live, each stream
 	// to its own writer (sandboxd run). Their errors never stop the command.
 	Stdout, Stderr io.Writer
+	// Stdin, when set, is copied to the command's input, which is closed
+	// when Stdin ends (sandboxd run -i).
+	Stdin io.Reader
 }
 
 // ExitStatus is how a command ended: ExitCode for a normal exit, Signal
@@ -331,7 +334,7 @@ func (t *Terminal) start(ctx context.Context, cwd string) error {
 		User:         s.user,
 		TTY:          t.cmd.TTY,
 		ConsoleSize:  size,
-		AttachStdin:  t.cmd.TTY,
+		AttachStdin:  t.cmd.TTY || t.cmd.Stdin != nil,
 		AttachStdout: true,
 		AttachStderr: true,
 		Env:          env,
@@ -370,8 +373,24 @@ func (t *Terminal) start(ctx context.Context, cwd string) error {
 			s.m.log.Debug("initial resize", "terminal", t.ID, "err", err)
 		}
 	}
+	if t.cmd.Stdin != nil {
+		go t.feed()
+	}
 	go t.collect()
 	return nil
+}
+
+// feed copies Stdin to the command, and closes its input when Stdin ends.
+// A read of Stdin cannot be interrupted: feed may outlive the command,
+// until Stdin ends or the process does.
+func (t *Terminal) feed() {
+	if _, err := io.Copy(t.conn.Conn, t.cmd.Stdin); err != nil {
+		t.session.m.log.Debug("terminal input", "terminal", t.ID, "err", err)
+		return
+	}
+	if err := t.conn.CloseWrite(); err != nil {
+		t.session.m.log.Debug("terminal input", "terminal", t.ID, "err", err)
+	}
 }
 
 // collect drains the output until EOF, then records the exit status. It

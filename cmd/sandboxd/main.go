@@ -21,6 +21,7 @@ import (
 
 	"github.com/sandboxd/sandboxd"
 	"github.com/sandboxd/sandboxd/acp"
+	"github.com/sandboxd/sandboxd/console"
 	"github.com/sandboxd/sandboxd/images"
 	"github.com/sandboxd/sandboxd/limits"
 	"github.com/sandboxd/sandboxd/sandbox"
@@ -31,7 +32,7 @@ const usage = `sandboxd runs AI agents' shell commands in hardened per-session c
 Usage:
   sandboxd wrap [--config FILE] [--cpus N] [--memory SIZE] [--pids N] [--network NAME] [--image REF] [--agent-grace D] [--ahp-listen ADDR] [flags] -- AGENT [ARGS...]
   sandboxd serve [--listen stdio|unix:PATH] [--config FILE] [--ahp-listen ADDR] [flags]
-  sandboxd run [--cpus N] [--memory SIZE] [--pids N] [--network NAME] [--image REF] [--config FILE] [flags] -- CMD [ARGS...]
+  sandboxd run [-i] [-t] [--cpus N] [--memory SIZE] [--pids N] [--network NAME] [--image REF] [--config FILE] [flags] -- CMD [ARGS...]
   sandboxd image build [--ref REF]
   sandboxd gc [--all]
   sandboxd config
@@ -84,7 +85,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	case "serve":
 		err = cmdServe(ctx, args[1:], stdin, stdout, stderr)
 	case "run":
-		code, err = cmdRun(ctx, args[1:], stdout, stderr)
+		code, err = cmdRun(ctx, args[1:], stdin, stdout, stderr)
 	case "wrap":
 		code, err = cmdWrap(ctx, args[1:], stdin, stdout, stderr)
 	case "image":
@@ -388,18 +389,27 @@ func cmdServe(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	return acp.ServeListener(ctx, ln, m, workspace, log)
 }
 
-func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) (int, error) {
+func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
 	fs := newFlagSet("run", "run [flags] -- CMD [ARGS...]",
 		"Runs one command in a fresh sandbox with the current directory as its\nworkspace, streams its output and exits with its exit code (128+n for\nsignal n). The container is removed afterwards.", stderr)
 	var c common
 	c.register(fs, "warn")
 	var sf sessionFlags
 	sf.register(fs)
+	var interactive, tty, both bool
+	fs.BoolVar(&interactive, "i", false, "pass stdin to the command")
+	fs.BoolVar(&tty, "t", false, "run the command on a terminal of the size of yours")
+	fs.BoolVar(&both, "it", false, "-i and -t: an interactive shell, say")
 	if err := parseFlags(fs, args, stdout); err != nil {
 		return 0, err
 	}
 	if fs.NArg() == 0 {
 		return 0, usageError{errors.New("no command given: sandboxd run [flags] -- CMD [ARGS...]")}
+	}
+	interactive, tty = interactive || both, tty || both
+	in, _ := stdin.(*os.File)
+	if interactive && tty && (in == nil || !console.IsTerminal(int(in.Fd()))) {
+		return 0, usageError{errors.New("-i with -t: stdin is not a terminal (leave out -t to pass it as it is)")}
 	}
 	spec, err := sf.spec()
 	if err != nil {
@@ -428,7 +438,32 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) (int, 
 	defer closeManager(m, log)
 	argv := fs.Args()
 	cmd := sandbox.Command{Command: argv[0], Args: argv[1:], Cwd: wd, Stdout: stdout, Stderr: stderr}
-	return sandbox.Run(ctx, m, spec, cmd)
+	if interactive {
+		cmd.Stdin = stdin
+	}
+	var resize <-chan console.Size
+	if tty {
+		cmd.TTY, cmd.Stderr = true, nil
+		// The size is that of the terminal the user sees: the input's,
+		// else the output's.
+		for _, f := range []any{stdin, stdout} {
+			if f, ok := f.(*os.File); ok && console.IsTerminal(int(f.Fd())) {
+				if size, err := console.SizeOf(int(f.Fd())); err == nil {
+					cmd.Cols, cmd.Rows = size.Cols, size.Rows
+				}
+				resize = console.Watch(ctx, int(f.Fd()))
+				break
+			}
+		}
+		if interactive {
+			state, err := console.MakeRaw(int(in.Fd()))
+			if err != nil {
+				return 0, err
+			}
+			defer state.Restore()
+		}
+	}
+	return sandbox.Run(ctx, m, spec, cmd, resize)
 }
 
 func cmdImage(ctx context.Context, args []string, stdout, stderr io.Writer) error {

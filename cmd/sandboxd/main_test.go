@@ -19,6 +19,8 @@ func TestCommandLineErrors(t *testing.T) {
 		{[]string{"serve", "--bogus"}, 2, "sandboxd serve: flag provided but not defined: -bogus (see 'sandboxd serve -h')"},
 		{[]string{"help"}, 0, "Usage:\n  sandboxd wrap"},
 		{[]string{"run", "-h"}, 0, "Usage: sandboxd run"},
+		{[]string{"run", "-it", "--", "sh"}, 2, "-i with -t: stdin is not a terminal"},
+		{[]string{"run", "-i", "-t", "--", "sh"}, 2, "-i with -t: stdin is not a terminal"},
 		{[]string{"run", "--pids", "0", "--", "true"}, 2, "--pids: invalid pids limit \"0\": must be at least 8"},
 		{[]string{"run", "--memory", "0.5", "--", "true"}, 2, "--memory: invalid size \"0.5\": must be at least 6MiB"},
 		{[]string{"wrap", "--pids", "0", "--", "true"}, 2, "--pids: invalid pids limit \"0\""},

@@ -1,0 +1,126 @@
+package console
+
+import (
+	"context"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func openPTY(t *testing.T) (ptm, pts *os.File) {
+	t.Helper()
+	ptm, pts, err := OpenPTY()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ptm.Close()
+		pts.Close()
+	})
+	return ptm, pts
+}
+
+func TestIsTerminal(t *testing.T) {
+	_, pts := openPTY(t)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	for _, tc := range []struct {
+		name string
+		f    *os.File
+		want bool
+	}{
+		{"pty", pts, true},
+		{"pipe", r, false},
+	} {
+		if got := IsTerminal(int(tc.f.Fd())); got != tc.want {
+			t.Errorf("%s: IsTerminal = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestSizes(t *testing.T) {
+	ptm, pts := openPTY(t)
+	for _, size := range []Size{{80, 24}, {120, 50}, {1, 1}} {
+		if err := SetSize(int(ptm.Fd()), size); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := SizeOf(int(pts.Fd())); err != nil || got != size {
+			t.Errorf("SizeOf = %v, %v; want %v", got, err, size)
+		}
+	}
+}
+
+// TestRawAndRestore: raw mode turns off what would keep keys from the
+// program (echo, line editing, Ctrl-C as a signal); Restore brings back
+// the mode exactly.
+func TestRawAndRestore(t *testing.T) {
+	_, pts := openPTY(t)
+	fd := int(pts.Fd())
+	before, err := getTermios(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	state, err := MakeRaw(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := getTermios(fd)
+	for _, flag := range []struct {
+		name string
+		set  bool
+	}{
+		{"ECHO", raw.Lflag&syscall.ECHO != 0},
+		{"ICANON", raw.Lflag&syscall.ICANON != 0},
+		{"ISIG", raw.Lflag&syscall.ISIG != 0},
+		{"ICRNL", raw.Iflag&syscall.ICRNL != 0},
+		{"OPOST", raw.Oflag&syscall.OPOST != 0},
+	} {
+		if flag.set {
+			t.Errorf("%s still set in raw mode", flag.name)
+		}
+	}
+	if err := state.Restore(); err != nil {
+		t.Fatal(err)
+	}
+	if after, _ := getTermios(fd); *after != *before {
+		t.Errorf("mode after Restore %+v, want %+v", *after, *before)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	if _, err := MakeRaw(int(r.Fd())); err == nil {
+		t.Error("MakeRaw of a pipe: no error")
+	}
+}
+
+// TestWatchSendsTheNewSize: a change of size (SIGWINCH) comes with the
+// terminal's new size.
+func TestWatchSendsTheNewSize(t *testing.T) {
+	ptm, pts := openPTY(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sizes := Watch(ctx, int(pts.Fd()))
+	want := Size{Cols: 132, Rows: 43}
+	if err := SetSize(int(ptm.Fd()), want); err != nil {
+		t.Fatal(err)
+	}
+	// The pty is no controlling terminal here: send the signal that its
+	// foreground would get.
+	syscall.Kill(os.Getpid(), syscall.SIGWINCH)
+	select {
+	case got := <-sizes:
+		if got != want {
+			t.Errorf("size %v, want %v", got, want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no size after SIGWINCH")
+	}
+}

@@ -1,0 +1,156 @@
+package integration
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/sandboxd/sandboxd/console"
+)
+
+// TestRunPassesStdinWhenAsked: -i gives the command sandboxd's stdin, to
+// its end; without -i the command's input is empty, so sandboxd in a loop
+// that reads a file leaves the rest of it to the loop.
+func TestRunPassesStdinWhenAsked(t *testing.T) {
+	ws := workspace(t)
+	tests := []struct {
+		name   string
+		args   []string
+		stdout string
+		code   int
+		stderr string
+	}{
+		{"with -i", []string{"-i", "--", "tr", "a-z", "A-Z"}, "HELLO\nWORLD\n", 0, ""},
+		{"without -i", []string{"--", "cat"}, "", 0, ""},
+		{"-it without a terminal", []string{"-it", "--", "cat"}, "", 2, "stdin is not a terminal"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command(testEnv.bin, append([]string{"run", "--config", testEnv.config}, tc.args...)...)
+			cmd.Dir = ws
+			cmd.Stdin = strings.NewReader("hello\nworld\n")
+			var stdout, stderr lockedBuffer
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			cmd.Run()
+			if code := cmd.ProcessState.ExitCode(); code != tc.code || stdout.String() != tc.stdout || !strings.Contains(stderr.String(), tc.stderr) {
+				t.Errorf("exit %d, stdout %q, stderr %q; want %d, %q, one naming %q", code, stdout.String(), stderr.String(), tc.code, tc.stdout, tc.stderr)
+			}
+			assertNoContainers(t, cmd.Process.Pid)
+		})
+	}
+}
+
+// TestRunOnATerminal: `sandboxd run -it -- sh` is a shell in the sandbox on
+// the user's terminal: of its size, resized with it, Ctrl-C for the
+// command inside, its exit code passed on, and the terminal's mode as it
+// was afterwards.
+func TestRunOnATerminal(t *testing.T) {
+	ptm, pts, err := console.OpenPTY()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ptm.Close()
+	defer pts.Close()
+	if err := console.SetSize(int(ptm.Fd()), console.Size{Cols: 100, Rows: 40}); err != nil {
+		t.Fatal(err)
+	}
+	before := termios(t, pts)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, testEnv.bin, "run", "--config", testEnv.config, "-it", "--", "sh")
+	cmd.Dir = workspace(t)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = pts, pts, pts
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var screen lockedBuffer
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			n, err := ptm.Read(buf)
+			screen.Write(buf[:n])
+			if err != nil {
+				return
+			}
+		}
+	}()
+	// seen waits for want on the screen past offset from.
+	seen := func(what string, from int, want string) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for !strings.Contains(screen.String()[from:], want) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %q not on the screen within 30s: %q", what, want, screen.String())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	typeLine := func(line string) {
+		t.Helper()
+		if _, err := ptm.Write([]byte(line + "\r")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seen("a prompt", 0, "$ ")
+	typeLine("stty size")
+	seen("the terminal's size inside", 0, "40 100\r\n")
+	if err := console.SetSize(int(ptm.Fd()), console.Size{Cols: 120, Rows: 50}); err != nil {
+		t.Fatal(err)
+	}
+	// The resize reaches the container after the user's terminal changed:
+	// ask until it has.
+	eventually(t, "the new size inside", 30*time.Second, func() bool {
+		typeLine("stty size")
+		time.Sleep(100 * time.Millisecond)
+		return strings.Contains(screen.String(), "50 120\r\n")
+	})
+	// Ctrl-C is the sandboxed shell's: it stops the sleep, not sandboxd.
+	// It goes once the shell took the line (its echo, ended by the line
+	// editor's newline), lest it cancel the typing instead.
+	typeLine("sleep 300; echo slept")
+	seen("the sleep line taken", 0, "sleep 300; echo slept\r\n")
+	// One that comes before the shell made the sleep the terminal's
+	// foreground goes to the shell: Ctrl-C again until the prompt is back.
+	mark := len(screen.String())
+	eventually(t, "a prompt after Ctrl-C", 30*time.Second, func() bool {
+		ptm.Write([]byte{3})
+		time.Sleep(200 * time.Millisecond)
+		return strings.Contains(screen.String()[mark:], "$ ")
+	})
+	typeLine("echo still-$((40+2))")
+	seen("the shell after Ctrl-C", mark, "still-42")
+	typeLine("exit 3")
+	err = cmd.Wait()
+	if code := cmd.ProcessState.ExitCode(); code != 3 {
+		t.Errorf("exit code %d (%v), want 3; screen %q", code, err, screen.String())
+	}
+	if strings.Contains(screen.String(), "\r\nslept\r\n") {
+		t.Errorf("the sleep ran to its end: screen %q", screen.String())
+	}
+	if after := termios(t, pts); after != before {
+		t.Errorf("terminal mode after run: %+v, want it as before: %+v", after, before)
+	}
+	assertNoContainers(t, cmd.Process.Pid)
+}
+
+func termios(t *testing.T, f *os.File) syscall.Termios {
+	t.Helper()
+	var tio syscall.Termios
+	if err := ioctl(f, syscall.TCGETS, unsafe.Pointer(&tio)); err != nil {
+		t.Fatal(err)
+	}
+	return tio
+}
+
+func ioctl(f *os.File, req uintptr, arg unsafe.Pointer) error {
+	if _, _, errno := syscall.Syscall(syscall.SYS_IOCTL, f.Fd(), req, uintptr(arg)); errno != 0 {
+		return errno
+	}
+	return nil
+}
