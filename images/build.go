@@ -165,13 +165,25 @@ func (b *Builder) rootfs(ctx context.Context) ([]Entry, error) {
 	return d.rootfs(ctx)
 }
 
+// CacheDir is where a Builder without a CacheDir keeps .deb files: in the
+// user's cache directory. What is there goes into the base image and runs
+// on the host during a build, so no sandbox may see it.
+func CacheDir() (string, error) {
+	base, err := os.UserCacheDir()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(base, "sandboxd", "debs"), nil
+}
+
 // cacheDir returns the checked, symlink-free directory that .deb files are
 // kept in; temporary says it was made for this build only and is to be
 // removed after it.
 func (b *Builder) cacheDir() (dir string, temporary bool, err error) {
 	dir = b.CacheDir
 	if dir == "" {
-		base, uerr := os.UserCacheDir()
+		var uerr error
+		dir, uerr = CacheDir()
 		if uerr != nil {
 			// A shared fallback such as /tmp/sandboxd could be made first by
 			// another local user, who would then choose the busybox this
@@ -183,8 +195,6 @@ func (b *Builder) cacheDir() (dir string, temporary bool, err error) {
 			}
 			temporary = true
 			b.progress("no user cache dir (%v); keeping .deb files in %s for this build only", uerr, dir)
-		} else {
-			dir = filepath.Join(base, "sandboxd", "debs")
 		}
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {

@@ -154,7 +154,7 @@ func BenchmarkStream200MB(b *testing.B) {
 }
 
 // procStatus reads a size field of /proc/PID/status, in bytes.
-func procStatus(b *testing.B, pid int, field string) int64 {
+func procStatus(b testing.TB, pid int, field string) int64 {
 	b.Helper()
 	text, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
 	if err != nil {

@@ -513,3 +513,52 @@ func TestConnectionClosedMidCreateLeavesNothing(t *testing.T) {
 	srv.cmd.Process.Signal(syscall.SIGTERM)
 	<-srv.done
 }
+
+// TestHelperFloodLeavesSandboxdAlone: sandboxd's own commands in a
+// container run as the session's user, so a command of the session can
+// stop one and write into its output without end. sandboxd reads a bounded
+// amount and gives up on it: the exit status still comes, the kill is
+// still answered, and sandboxd's memory does not follow the flood.
+func TestHelperFloodLeavesSandboxdAlone(t *testing.T) {
+	bin, err := buildHelper("testflood")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws := workspace(t)
+	flood := filepath.Join(ws, "testflood")
+	b, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, flood, string(b))
+	if err := os.Chmod(flood, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	srv := startServe(t, ws)
+	a := srv.agent()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	peak := procStatus(t, srv.cmd.Process.Pid, "VmHWM")
+	// exit 137 makes sandboxd read the OOM-kill counter with cat. The
+	// pattern is put together, lest the command's own shell match it.
+	_, st := sh(t, ctx, a, "flood", "p=oom_; "+flood+" ${p}control /tmp/ready >/dev/null 2>&1 & while [ ! -e /tmp/ready ]; do sleep 0.01; done; exit 137")
+	if got := exitCode(st); got != "exit 137" {
+		t.Errorf("exit status %s, want exit 137", got)
+	}
+	// terminal/kill runs the kill script.
+	created, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: "flood", Command: "k=known; " + flood + " $k= /tmp/ready2 & while [ ! -e /tmp/ready2 ]; do sleep 0.01; done; echo watching; sleep 300"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := acpsdk.KillTerminalRequest{SessionId: "flood", TerminalId: created.TerminalId}
+	eventually(t, "the flood watching", time.Minute, func() bool {
+		out, err := a.TerminalOutput(ctx, acpsdk.TerminalOutputRequest{SessionId: "flood", TerminalId: created.TerminalId})
+		return err == nil && strings.Contains(out.Output, "watching")
+	})
+	if _, err := a.KillTerminal(ctx, ids); err != nil && ctx.Err() != nil {
+		t.Fatalf("kill not answered: %v", err)
+	}
+	if grew := procStatus(t, srv.cmd.Process.Pid, "VmHWM") - peak; grew > 128<<20 {
+		t.Errorf("sandboxd's peak memory grew by %d MiB with the flood", grew>>20)
+	}
+}

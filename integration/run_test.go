@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -153,4 +154,50 @@ func ioctl(f *os.File, req uintptr, arg unsafe.Pointer) error {
 		return errno
 	}
 	return nil
+}
+
+// TestOwnFilesInTheWorkspaceAreRefused: a workspace that holds sandboxd's
+// configuration, its log or its package cache is refused before anything
+// runs: a command there could choose sandboxd's next configuration, write
+// through its log, or pick the busybox the next image build runs on the
+// host.
+func TestOwnFilesInTheWorkspaceAreRefused(t *testing.T) {
+	ws := workspace(t)
+	cfg := filepath.Join(ws, "sandbox.toml")
+	writeFile(t, cfg, "")
+	tests := []struct {
+		name string
+		args []string
+		env  string
+		want string
+	}{
+		{"configuration", []string{"--config", cfg}, "", cfg},
+		{"log", []string{"--config", testEnv.config, "--log", filepath.Join(ws, "sandboxd.log")}, "", filepath.Join(ws, "sandboxd.log")},
+		{"package cache", []string{"--config", testEnv.config}, "XDG_CACHE_HOME=" + filepath.Join(ws, ".cache"), filepath.Join(ws, ".cache", "sandboxd", "debs")},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command(testEnv.bin, append(append([]string{"run"}, tc.args...), "--", "touch", "ran")...)
+			cmd.Dir = ws
+			cmd.Env = append(os.Environ(), tc.env)
+			out, _ := cmd.CombinedOutput()
+			if code := cmd.ProcessState.ExitCode(); code != 125 || !strings.Contains(string(out), "holds "+tc.want+", a file of sandboxd's own") {
+				t.Errorf("exit %d, output %q; want 125 naming %s", code, out, tc.want)
+			}
+			if _, err := os.Stat(filepath.Join(ws, "ran")); err == nil {
+				t.Error("the command ran")
+			}
+			assertNoContainers(t, cmd.Process.Pid)
+		})
+	}
+	// A log through a link is not followed.
+	link := filepath.Join(t.TempDir(), "sandboxd.log")
+	if err := os.Symlink(filepath.Join(t.TempDir(), "elsewhere"), link); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(testEnv.bin, "run", "--config", testEnv.config, "--log", link, "--", "true")
+	cmd.Dir = ws
+	if out, _ := cmd.CombinedOutput(); cmd.ProcessState.ExitCode() != 2 || !strings.Contains(string(out), "--log") {
+		t.Errorf("log through a link: exit %d, %q; want 2 naming --log", cmd.ProcessState.ExitCode(), out)
+	}
 }

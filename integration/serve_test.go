@@ -15,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	acpsdk "github.com/coder/acp-go-sdk"
+	"github.com/moby/moby/client"
 )
 
 func TestTerminalBasics(t *testing.T) {
@@ -300,6 +301,8 @@ func TestContainerIsHardened(t *testing.T) {
 		{"no capabilities", "grep CapEff /proc/self/status", "CapEff:\t0000000000000000\n"},
 		{"no new privileges", "grep NoNewPrivs /proc/self/status", "NoNewPrivs:\t1\n"},
 		{"scratch is writable and executable", "printf '#!/bin/sh\\necho x\\n' > /tmp/x && chmod +x /tmp/x && /tmp/x", "x\n"},
+		{"cgroups of its own, not the host's", `grep -cv ':/$' /proc/self/cgroup`, "0\n"},
+		{"the container's log is bounded", `head -c 3000000 /dev/zero | tr '\0' a > /proc/1/fd/1; echo written`, "written\n"},
 		{"no host path but the workspace", `awk '$2 !~ /^\/(proc|sys|dev)(\/|$)/ && $2 !~ /^\/(tmp|var\/tmp|run|home|etc\/hosts|etc\/hostname|etc\/resolv.conf|sbin\/docker-init)$/ && $2 != "/" {print $2}' /proc/self/mounts`, ws + "\n"},
 	}
 	for _, c := range checks {
@@ -309,6 +312,30 @@ func TestContainerIsHardened(t *testing.T) {
 				t.Errorf("%s: output %q (%s), want %q", c.line, out, exitCode(st), c.want)
 			}
 		})
+	}
+	// What the command above wrote to the container's log stays within
+	// the bound (a stock engine's json-file has none).
+	ids := sessionContainersOf(t, srv.cmd.Process.Pid)
+	if len(ids) != 1 {
+		t.Fatalf("containers %v, want the session's one", ids)
+	}
+	info, err := testEnv.cli.ContainerInspect(ctx, ids[0], client.ContainerInspectOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	logBytes := func() (n int64) {
+		matches, _ := filepath.Glob(info.Container.LogPath + "*")
+		for _, m := range matches {
+			if fi, err := os.Stat(m); err == nil {
+				n += fi.Size()
+			}
+		}
+		return n
+	}
+	// The engine writes the log behind the command.
+	eventually(t, "the container's log written", 30*time.Second, func() bool { return logBytes() >= 1<<20 })
+	if n := logBytes(); n > 2<<20+64<<10 {
+		t.Errorf("container log: %d bytes, want the 3 MB written cut to at most 2 MiB", n)
 	}
 }
 

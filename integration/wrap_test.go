@@ -19,6 +19,7 @@ import (
 	"time"
 
 	acpsdk "github.com/coder/acp-go-sdk"
+	"github.com/moby/moby/client"
 )
 
 // buildHelper builds a helper program of this directory (testagent,
@@ -252,13 +253,23 @@ func TestWrapGivesTheAgentTerminals(t *testing.T) {
 	if !slices.Contains(containersOf(t, w.cmd.Process.Pid), id) {
 		t.Errorf("the command ran in container %.12s, which is not one of this wrap's", id)
 	}
-	host, err := os.ReadFile("/proc/self/cgroup")
+	// The command is in the container's cgroup namespace, that of its
+	// init, not the host's.
+	info, err := testEnv.cli.ContainerInspect(ctx, id, client.ContainerInspectOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	inside := strings.TrimPrefix(w.prompt(t, ctx, sid, "run cat /proc/self/cgroup"), "exit=0 output=")
-	if inside == string(host) || !strings.Contains(inside, id) {
-		t.Errorf("the command's cgroups are not its container's (%.12s):\n%s", id, inside)
+	own, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/cgroup", info.Container.State.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, err := os.Readlink("/proc/self/ns/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inside := strings.TrimSpace(strings.TrimPrefix(w.prompt(t, ctx, sid, "run readlink /proc/self/ns/cgroup"), "exit=0 output="))
+	if inside != own || inside == host {
+		t.Errorf("the command's cgroup namespace is %s, want its container's %s (the host's is %s)", inside, own, host)
 	}
 }
 

@@ -22,14 +22,21 @@ type Config struct {
 	Session  SessionConfig  `toml:"session"`
 	Terminal TerminalConfig `toml:"terminal"`
 	Server   ServerConfig   `toml:"server"`
-	// Private are the host paths of sandboxd's own endpoints (its socket,
-	// the AHP token file) that no container may see: a unix socket can be
-	// connected to even through a read-only mount, and the token lets a
-	// command drive the terminals of every session. A session directory
+	// Private are the host paths of sandboxd's own endpoints and files
+	// (its socket, the AHP token file, its configuration and log files,
+	// its package cache) that no container may see: a unix socket can be
+	// connected to even through a read-only mount, the token lets a
+	// command drive the terminals of every session, and the files choose
+	// what sandboxd does next. A session directory
 	// or a session.mounts source that is or holds one is refused. They
 	// need not exist yet; a relative one is taken from the working
 	// directory. Set by the command line, never by sandbox.toml.
 	Private []string `toml:"-"`
+	// FallbackWorkspace says the served workspace is only for sessions
+	// no peer names a directory for (wrap, whose editor names each
+	// session's): a served workspace that holds one of Private, the
+	// user's home say, then refuses those sessions, not the start.
+	FallbackWorkspace bool `toml:"-"`
 }
 
 // ServedWorkspace returns the workspace of requests that name none:

@@ -982,7 +982,7 @@ func TestCheckMountSourceRefusesPrivate(t *testing.T) {
 				}
 				return
 			}
-			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "holds "+tc.want+", an endpoint of sandboxd's own") {
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "holds "+tc.want+", a file of sandboxd's own") {
 				t.Errorf("checkMountSource = %v, want ErrInvalid naming %s", err, tc.want)
 			}
 		})

@@ -136,14 +136,14 @@ func NewManager(ctx context.Context, cli *client.Client, cfg Config, log *slog.L
 // or would see it. A path that does not resolve is left to a session's
 // start to report.
 func (c Config) checkSources(engineSocket string) error {
-	if len(c.Private) > 0 {
+	if !c.FallbackWorkspace {
 		ws, err := c.ServedWorkspace()
 		if err != nil {
 			return err
 		}
-		if real, err := filepath.EvalSymlinks(ws); err == nil {
-			if p := privateIn(real, c.Private); p != "" {
-				return fmt.Errorf("workspace %s holds %s, %s", ws, p, privateWhy)
+		if _, err := filepath.EvalSymlinks(ws); err == nil {
+			if _, err := checkMountSource(ws, engineSocket, c.Private); err != nil {
+				return err
 			}
 		}
 	}

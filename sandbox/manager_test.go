@@ -243,12 +243,17 @@ func TestCheckPrivate(t *testing.T) {
 		workspace string
 		mounts    []Mount
 		private   []string
+		fallback  bool
 		want      string // "" passes
 	}{
 		{name: "none private", workspace: served},
 		{name: "elsewhere", workspace: served, mounts: []Mount{{Source: tools, Target: "/tools"}}, private: []string{filepath.Join(dir, "sock")}},
-		{name: "the configured workspace", workspace: served, private: []string{sock}, want: "workspace " + served + " holds " + sock},
-		{name: "the working directory", private: []string{sock}, want: "workspace " + served + " holds " + sock},
+		{name: "the configured workspace", workspace: served, private: []string{sock}, want: "workspace: \"" + served + "\" holds " + sock},
+		{name: "the working directory", private: []string{sock}, want: "workspace: \"" + served + "\" holds " + sock},
+		{name: "the host's root", workspace: "/", private: []string{sock}, want: "workspace: \"/\" is the host's root directory"},
+		// wrap's editor names its sessions' directories: those sessions,
+		// not the start, are refused.
+		{name: "a fallback workspace", workspace: served, private: []string{sock}, fallback: true},
 		{name: "a granted source", workspace: dir + "/missing", mounts: []Mount{{Source: tools, Target: "/tools", Mode: "ro"}}, private: []string{token},
 			want: "session.mounts: source \"" + tools + "\" is or holds " + token},
 		{name: "a granted file", workspace: served, mounts: []Mount{{Source: token, Target: "/t"}}, private: []string{token},
@@ -258,7 +263,7 @@ func TestCheckPrivate(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var cfg Config
-			cfg.Session.Workspace, cfg.Session.Mounts, cfg.Private = tc.workspace, tc.mounts, tc.private
+			cfg.Session.Workspace, cfg.Session.Mounts, cfg.Private, cfg.FallbackWorkspace = tc.workspace, tc.mounts, tc.private, tc.fallback
 			err := cfg.checkSources("")
 			if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
 				t.Errorf("checkSources = %v, want %q", err, tc.want)

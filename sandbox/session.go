@@ -320,7 +320,7 @@ func checkGrant(source, real, engineSocket string, private []string) error {
 
 // privateWhy says why a mount source that holds one of Config.Private is
 // refused.
-const privateWhy = "an endpoint of sandboxd's own (its socket or the AHP token file), which would let commands drive sandboxd itself; put it outside the directories sandboxes see"
+const privateWhy = "a file of sandboxd's own (its socket, the AHP token file, its --config or --log file, or its package cache), which would let commands drive or change sandboxd itself; put it outside the directories sandboxes see"
 
 // privateIn returns the first of private (Config.Private) that real, a
 // path with its links resolved, is or holds, as the host resolves it;
@@ -1450,6 +1450,14 @@ scratch:
 		Mounts:         mounts,
 		Resources:      spec.Limits.Engine(),
 		IpcMode:        "private",
+		// The container's own cgroup, not the host's hierarchy and the
+		// container's id (cgroup v1 defaults to the host's).
+		CgroupnsMode: container.CgroupnsModePrivate,
+		// pid 1 runs as the session's user, so a command can write to
+		// the container's log (/proc/1/fd/1); on an engine without log
+		// limits that would fill the host's disk. The log holds only
+		// what the init says when the container fails to start.
+		LogConfig: container.LogConfig{Type: "json-file", Config: map[string]string{"max-size": "1m", "max-file": "1"}},
 	}
 	return cfg, host
 }
@@ -1609,6 +1617,10 @@ func (s *Session) removeContainer() error {
 // killed in the background is not put down to a command much later. It
 // costs an exec, so it is only asked when needed.
 func (s *Session) oomKillsRose(ctx context.Context) bool {
+	// A command of the session can stop the reading cat: the exit status
+	// must not wait for it.
+	ctx, cancel := context.WithTimeout(ctx, oomReadTimeout)
+	defer cancel()
 	out, err := s.execOutput(ctx, []string{"cat", "/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events"})
 	if len(out) == 0 && err != nil {
 		s.m.log.Warn("read oom counter", "session", s.ID, "err", err)
@@ -1619,6 +1631,10 @@ func (s *Session) oomKillsRose(ctx context.Context) bool {
 	defer s.mu.Unlock()
 	return s.countOOMKillsLocked(n, time.Now())
 }
+
+// oomReadTimeout bounds the read of the OOM-kill counter; past it, the
+// kill is not put down to the OOM killer.
+const oomReadTimeout = 10 * time.Second
 
 // oomWindow is how long after a rise of the OOM-kill counter by several
 // the other commands killed with it may claim it.
@@ -1909,9 +1925,12 @@ func (s *Session) execOutput(ctx context.Context, cmd []string) ([]byte, error) 
 	defer att.Close()
 	// Reads of the hijacked connection do not watch ctx.
 	defer context.AfterFunc(ctx, att.Close)()
-	var out, errOut bytes.Buffer
-	if _, err := stdcopy.StdCopy(&out, &errOut, att.Reader); err != nil {
-		return out.Bytes(), err
+	// A command of the session can write into a helper's output (it runs
+	// as the same user, so /proc/PID/fd/1 is open to it): what sandboxd
+	// keeps is bounded, and a helper that says more has failed.
+	out, errOut := &cappedBuffer{max: maxHelperOutput}, &cappedBuffer{max: maxHelperOutput}
+	if _, err := stdcopy.StdCopy(out, errOut, att.Reader); err != nil {
+		return out.Bytes(), fmt.Errorf("%s: %w", cmd[0], err)
 	}
 	code, err := waitExec(ctx, cli, ex.ID)
 	if err != nil {
@@ -1921,6 +1940,24 @@ func (s *Session) execOutput(ctx context.Context, cmd []string) ([]byte, error) 
 		return out.Bytes(), &execError{cmd: cmd[0], code: code, stderr: string(bytes.TrimSpace(errOut.Bytes())), output: out.String() + errOut.String()}
 	}
 	return out.Bytes(), nil
+}
+
+// maxHelperOutput bounds what sandboxd reads from one of its own commands
+// in a container, far above what any of them writes: mountinfo, or the
+// kill script's pairs for some hundred thousand processes.
+const maxHelperOutput = 16 << 20
+
+// cappedBuffer is a bytes.Buffer that takes at most max bytes.
+type cappedBuffer struct {
+	bytes.Buffer
+	max int
+}
+
+func (b *cappedBuffer) Write(p []byte) (int, error) {
+	if b.Len()+len(p) > b.max {
+		return 0, fmt.Errorf("wrote more than the %d bytes expected of it (a command of the session writing into it?)", b.max)
+	}
+	return b.Buffer.Write(p)
 }
 
 // execError is a command of sandboxd's own that ran in a container and

@@ -257,9 +257,15 @@ func (c *common) logger(stderr io.Writer) (*slog.Logger, func(), error) {
 	}
 	w, closeFn := stderr, func() {}
 	if c.logFile != "" {
-		f, err := os.OpenFile(c.logFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		// Not through a link, nor into what is no file: a link put in
+		// its place would have sandboxd append to whatever it names.
+		f, err := os.OpenFile(c.logFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, usageError{fmt.Errorf("--log: %w", err)}
+		}
+		if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+			f.Close()
+			return nil, nil, usageError{fmt.Errorf("--log: %s is not a regular file", c.logFile)}
 		}
 		w, closeFn = f, func() { f.Close() }
 	}
@@ -278,14 +284,26 @@ func engineClient() (*client.Client, error) {
 // refuses flags it does not allow before anything reaches the engine, and
 // starts the manager with the image in place. private are the places of
 // sandboxd's own endpoints, which no container may see.
-func (c *common) setup(ctx context.Context, stderr io.Writer, log *slog.Logger, image string, private []string, check func(sandbox.Config) error) (*sandbox.Manager, error) {
+func (c *common) setup(ctx context.Context, stderr io.Writer, log *slog.Logger, image string, private []string, check func(*sandbox.Config) error) (*sandbox.Manager, error) {
 	cfg, err := sandbox.LoadConfig(sandboxd.DefaultConfig, c.config, runtime.NumCPU())
 	if err != nil {
 		return nil, err
 	}
+	// sandboxd's own files besides the endpoints: a command that could
+	// change them would choose sandboxd's next configuration, write
+	// through its log, or pick the packages the next image build runs on
+	// the host.
+	for _, f := range []string{c.config, c.logFile} {
+		if f != "" {
+			private = append(private, f)
+		}
+	}
+	if dir, err := images.CacheDir(); err == nil {
+		private = append(private, dir)
+	}
 	cfg.Private = private
 	if check != nil {
-		if err := check(cfg); err != nil {
+		if err := check(&cfg); err != nil {
 			return nil, err
 		}
 	}
@@ -426,8 +444,8 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		return 0, err
 	}
 	defer closeLog()
-	m, err := c.setup(ctx, stderr, log, spec.Image, nil, func(cfg sandbox.Config) error {
-		if _, err := sandbox.ValidateSpec(cfg, runtime.NumCPU(), spec); err != nil {
+	m, err := c.setup(ctx, stderr, log, spec.Image, nil, func(cfg *sandbox.Config) error {
+		if _, err := sandbox.ValidateSpec(*cfg, runtime.NumCPU(), spec); err != nil {
 			return usageError{err}
 		}
 		return nil

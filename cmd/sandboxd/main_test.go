@@ -138,7 +138,7 @@ func TestEndpointsOutsideTheWorkspace(t *testing.T) {
 	} {
 		var stdout, stderr bytes.Buffer
 		code := run(args, strings.NewReader(""), &stdout, &stderr)
-		if code == 0 || !strings.Contains(stderr.String(), "an endpoint of sandboxd's own") {
+		if code == 0 || !strings.Contains(stderr.String(), "a file of sandboxd's own") {
 			t.Errorf("%v: exit %d, stderr %q", args, code, stderr.String())
 		}
 	}

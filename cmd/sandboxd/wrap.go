@@ -59,14 +59,18 @@ func cmdWrap(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	}
 	defer closeLog()
 	var workspace string
-	m, err := c.setup(ctx, stderr, log, defaults.Image, ah.private(), func(cfg sandbox.Config) error {
+	m, err := c.setup(ctx, stderr, log, defaults.Image, ah.private(), func(cfg *sandbox.Config) error {
+		// An editor may start its agent anywhere, the user's home
+		// included; its sessions name their own directories. AHP's
+		// terminals need the served workspace, though.
+		cfg.FallbackWorkspace = ah.listen == ""
 		var err error
 		if workspace, err = cfg.ServedWorkspace(); err != nil {
 			return err
 		}
 		check := defaults
 		check.Workspace = workspace
-		if _, err := sandbox.ValidateSpec(cfg, runtime.NumCPU(), check); err != nil {
+		if _, err := sandbox.ValidateSpec(*cfg, runtime.NumCPU(), check); err != nil {
 			return usageError{err}
 		}
 		return nil
