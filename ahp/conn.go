@@ -473,7 +473,10 @@ func (c *conn) handle(ctx context.Context, data []byte) {
 		var p struct {
 			Channel string `json:"channel"`
 		}
-		json.Unmarshal(m.Params, &p)
+		if err := json.Unmarshal(m.Params, &p); err != nil || p.Channel == "" {
+			rerr = invalid("unsubscribe: channel is required")
+			break
+		}
 		c.mu.Lock()
 		delete(c.subs, p.Channel)
 		c.mu.Unlock()

@@ -740,6 +740,8 @@ func TestRejectionsAndErrorsAsSpecified(t *testing.T) {
 		{`{"jsonrpc":"2.0","id":20,"method":"subscribe","params":{"channel":"ahp-terminal:/none"}}`, codeNotFound},
 		{`{"jsonrpc":"2.0","id":21,"method":"disposeTerminal","params":{"channel":"ahp-terminal:/none"}}`, codeNotFound},
 		{`{"jsonrpc":"2.0","id":22,"method":"createTerminal","params":{"channel":"ahp-terminal:/t","claim":{"kind":"client","clientId":"sender"}}}`, codeAlreadyExists},
+		{`{"jsonrpc":"2.0","id":23,"method":"unsubscribe","params":{"channel":7}}`, codeInvalidParams},
+		{`{"jsonrpc":"2.0","id":24,"method":"unsubscribe"}`, codeInvalidParams},
 	} {
 		send(tc.req)
 		for {

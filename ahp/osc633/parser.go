@@ -46,6 +46,9 @@ type Parser struct {
 	// bound goes by: it is dropped up to its end, as a terminal drops it,
 	// so that none of it (an E sequence's nonce) reaches the data.
 	skipping bool
+	// skippedC1 says the skipped data ended in the first byte of a C1
+	// control, whose second comes with the next chunk.
+	skippedC1 bool
 }
 
 // NewParser returns a parser that trusts the C, D, E and P sequences that
@@ -58,6 +61,15 @@ func NewParser(nonce string) *Parser {
 const (
 	esc = 0x1b
 	bel = 0x07
+	can = 0x18
+	sub = 0x1a
+	// c1 is the first byte of the UTF-8 form of the C1 controls a
+	// terminal reads as ESC ] (U+009D, OSC) and ESC \ (U+009C, ST):
+	// terminals such as xterm.js take them, so a sequence written that
+	// way must be stripped too.
+	c1  = 0xc2
+	osc = 0x9d
+	st  = 0x9c
 )
 
 // Feed filters the next chunk of output. It returns the output without any
@@ -76,27 +88,40 @@ func (p *Parser) Feed(data []byte) (out []byte, events []Event) {
 	}
 	out = make([]byte, 0, len(data))
 	i := 0
+	// nextEsc is where the next ESC is, at or after i (len(buf): none),
+	// kept across the C1 bytes found before it, each of which would
+	// otherwise have the rest searched again.
+	nextEsc := -1
 	for i < len(buf) {
-		j := bytes.IndexByte(buf[i:], esc)
-		if j < 0 {
-			out = append(out, buf[i:]...)
+		if nextEsc < i {
+			nextEsc = len(buf)
+			if j := bytes.IndexByte(buf[i:], esc); j >= 0 {
+				nextEsc = i + j
+			}
+		}
+		j := nextEsc
+		if k := bytes.IndexByte(buf[i:nextEsc], c1); k >= 0 {
+			j = i + k
+		}
+		out = append(out, buf[i:j]...)
+		i = j
+		if i == len(buf) {
 			break
 		}
-		out = append(out, buf[i:i+j]...)
-		i += j
 		if i+1 >= len(buf) {
 			p.pending = append([]byte(nil), buf[i:]...)
 			break
 		}
-		switch buf[i+1] {
-		case esc:
+		switch {
+		case buf[i] == c1 && buf[i+1] == osc, buf[i] == esc && buf[i+1] == ']':
+		case buf[i] == esc && buf[i+1] == esc:
 			// ESC ESC: the second one starts over, as in a terminal.
 			i++
 			continue
-		case ']':
 		default:
-			// Another kind of sequence: ESC goes out with the byte after
-			// it, so nothing stripped later can join the two.
+			// Another character, or another kind of sequence: it goes out
+			// with the byte after it, so nothing stripped later can join
+			// the two.
 			out = append(out, buf[i:i+2]...)
 			i += 2
 			continue
@@ -139,16 +164,42 @@ func (p *Parser) Feed(data []byte) (out []byte, events []Event) {
 }
 
 // skip drops the rest of a sequence cut at the length bound: up to and
-// with a BEL, or up to an ESC, which starts something new.
+// with its end (BEL, ST, or the CAN or SUB that cancels it), or up to an
+// ESC or OSC, which starts something new.
 func (p *Parser) skip(data []byte) []byte {
+	if p.skippedC1 && len(data) > 0 {
+		// The chunk before ended in the first byte of a C1 control.
+		p.skippedC1 = false
+		switch data[0] {
+		case st:
+			p.skipping = false
+			return data[1:]
+		case osc:
+			p.skipping = false
+			return append([]byte{c1}, data...)
+		}
+	}
 	for k, b := range data {
 		switch b {
-		case bel:
+		case bel, can, sub:
 			p.skipping = false
 			return data[k+1:]
 		case esc:
 			p.skipping = false
 			return data[k:]
+		case c1:
+			if k+1 == len(data) {
+				p.skippedC1 = true
+				return nil
+			}
+			switch data[k+1] {
+			case st:
+				p.skipping = false
+				return data[k+2:]
+			case osc:
+				p.skipping = false
+				return data[k:]
+			}
 		}
 	}
 	return nil
@@ -158,8 +209,8 @@ type scanState int
 
 const (
 	incomplete scanState = iota // the end has not arrived yet
-	complete                    // ended by BEL or ESC \
-	aborted                     // cut short by another ESC
+	complete                    // ended by BEL or ST (ESC \, or C1)
+	aborted                     // cut short by another ESC or OSC, or cancelled by CAN or SUB
 	tooLong                     // cut at the length bound
 )
 
@@ -176,6 +227,9 @@ func (p *Parser) scan(buf []byte, from, at int) ([]byte, int, scanState) {
 		switch buf[k] {
 		case bel:
 			return buf[from:k], k + 1, complete
+		case can, sub:
+			// A terminal cancels the sequence and shows neither.
+			return buf[from:k], k + 1, aborted
 		case esc:
 			if k+1 >= len(buf) {
 				return nil, k, incomplete
@@ -185,6 +239,16 @@ func (p *Parser) scan(buf []byte, from, at int) ([]byte, int, scanState) {
 			}
 			// Another sequence starts: this one is cut off there.
 			return buf[from:k], k, aborted
+		case c1:
+			if k+1 >= len(buf) {
+				return nil, k, incomplete
+			}
+			switch buf[k+1] {
+			case st:
+				return buf[from:k], k + 2, complete
+			case osc:
+				return buf[from:k], k, aborted
+			}
 		}
 	}
 	if len(buf) >= limit {

@@ -47,6 +47,15 @@ func TestParser(t *testing.T) {
 		{"OSC cut off by a 633", "\x1b]0;ti\x1b]633;B\x07", "", []Event{{Kind: 'B'}}},
 		{"lone ESC does not join text", "\x1b\x1b]633;\a]633;", "]633;", nil},
 		{"cut-off sequence does not join text", "\x1b]\x1b]633;\a633;", "633;", nil},
+		// The C1 forms (UTF-8 U+009D, U+009C), which xterm.js reads too.
+		{"C1 OSC 633 is stripped", "a\u009d633;E;rm -rf /\u009cb\u009d633;C\ac", "abc", nil},
+		{"C1 OSC with the nonce counts", "\u009d633;D;4;n0nce\u009c", "", []Event{{Kind: 'D', ExitCode: ptr(4)}}},
+		{"C1 title passes through", "\u009d0;t\u009c$", "\u009d0;t\u009c$", []Event{{Kind: 'T', Title: "t"}}},
+		{"C1 OSC cut off by ESC", "\u009d633;A\x1b[0m", "\x1b[0m", nil},
+		{"OSC cut off by a C1 OSC", "\x1b]0;ti\u009d633;B\x07", "", []Event{{Kind: 'B'}}},
+		{"other C1-page characters pass", "© ° \u0085 \u009b", "© ° \u0085 \u009b", nil},
+		{"CAN cancels a sequence, and what follows shows", "\x1b]633;A\x18visible\x07", "visible\x07", nil},
+		{"SUB cancels a sequence", "\x1b]633;A\x1avisible", "visible", nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -149,6 +158,7 @@ func FuzzParser(f *testing.F) {
 	for _, s := range []string{
 		"\x1b]633;A\x07$ \x1b]633;B\x07", "\x1b]633;E;ls\\x3b;n\x07", "\x1b]0;t\x1b\\", "\x1b\x1b]633;C\x07",
 		"\x1b]63\x1b]633;D;1\x07", "\x1b]633;P;Cwd=/\x07", "\x1b]", "\x1b", "plain",
+		"\u009d633;A\u009c", "\u009d0;t\x18x", "\xc2", "é©\u009d",
 	} {
 		f.Add([]byte(s), uint16(3))
 	}
@@ -157,7 +167,7 @@ func FuzzParser(f *testing.F) {
 		whole := NewParser("n")
 		whole.max = 32
 		out, events := whole.Feed(in)
-		if bytes.Contains(out, []byte("\x1b]633;")) {
+		if bytes.Contains(out, []byte("\x1b]633;")) || bytes.Contains(out, []byte("\u009d633;")) {
 			t.Fatalf("output keeps an OSC 633 sequence: %q", out)
 		}
 		split := NewParser("n")
