@@ -453,19 +453,33 @@ func (c *conn) handle(ctx context.Context, data []byte) {
 	switch {
 	case rerr != nil:
 	case handshake || m.Method == "subscribe":
-		// The answer is queued under the server lock it was made under,
-		// so no action newer than its snapshot or replay reaches the
-		// client before it.
-		c.s.mu.Lock()
-		defer c.s.mu.Unlock()
+		// Params are read before the server lock, which every terminal
+		// waits for; the answer is queued under the lock it was made
+		// under, so no action newer than its snapshot or replay reaches
+		// the client before it.
 		switch m.Method {
 		case "initialize":
-			res, rerr = c.initializeLocked(m.Params)
+			var p initializeParams
+			if p, rerr = parseInitialize(m.Params); rerr == nil {
+				c.s.mu.Lock()
+				defer c.s.mu.Unlock()
+				res, rerr = c.initializeLocked(p)
+			}
 			c.refused = rerr != nil && rerr.Code == codeUnsupportedProto
 		case "subscribe":
-			res, rerr = c.subscribeLocked(m.Params)
+			var p subscribeParams
+			if p, rerr = parseSubscribe(m.Params); rerr == nil {
+				c.s.mu.Lock()
+				defer c.s.mu.Unlock()
+				res, rerr = c.subscribeLocked(p)
+			}
 		default:
-			res, rerr = c.reconnectLocked(m.Params)
+			var p reconnectParams
+			if p, rerr = parseReconnect(m.Params); rerr == nil {
+				c.s.mu.Lock()
+				defer c.s.mu.Unlock()
+				res, rerr = c.reconnectLocked(p)
+			}
 		}
 	case m.Method == "ping":
 		// No payload either way: the result is null.
@@ -513,22 +527,44 @@ func (c *conn) handle(ctx context.Context, data []byte) {
 }
 
 // initializeLocked answers initialize. s.mu must be held.
-func (c *conn) initializeLocked(params json.RawMessage) (any, *rpcError) {
-	var p struct {
-		ProtocolVersions     []string `json:"protocolVersions"`
-		ClientID             string   `json:"clientId"`
-		InitialSubscriptions []string `json:"initialSubscriptions"`
-	}
+type initializeParams struct {
+	ProtocolVersions     []string `json:"protocolVersions"`
+	ClientID             string   `json:"clientId"`
+	InitialSubscriptions []string `json:"initialSubscriptions"`
+}
+
+func parseInitialize(params json.RawMessage) (initializeParams, *rpcError) {
+	var p initializeParams
 	if err := json.Unmarshal(params, &p); err != nil {
-		return nil, invalid("initialize: %v", err)
+		return p, invalid("initialize: %v", err)
 	}
 	if p.ClientID == "" {
-		return nil, invalid("initialize: clientId is required")
+		return p, invalid("initialize: clientId is required")
 	}
 	if len(p.ClientID) > maxURI {
 		// It is copied into the origin of every action the client sends.
-		return nil, invalid("initialize: clientId longer than %d bytes", maxURI)
+		return p, invalid("initialize: clientId longer than %d bytes", maxURI)
 	}
+	p.InitialSubscriptions = distinct(p.InitialSubscriptions)
+	return p, nil
+}
+
+// distinct returns channels without repeats, in their order: a channel
+// named many times gets one snapshot, not an answer that multiplies it.
+func distinct(channels []string) []string {
+	seen := make(map[string]bool, len(channels))
+	out := channels[:0]
+	for _, ch := range channels {
+		if !seen[ch] {
+			seen[ch] = true
+			out = append(out, ch)
+		}
+	}
+	return out
+}
+
+// initializeLocked answers initialize. s.mu must be held.
+func (c *conn) initializeLocked(p initializeParams) (any, *rpcError) {
 	version := negotiate(p.ProtocolVersions)
 	if version == "" {
 		return nil, &rpcError{Code: codeUnsupportedProto, Message: fmt.Sprintf("none of the protocol versions %.200s is spoken here (%s)", fmt.Sprint(p.ProtocolVersions), strings.Join(supportedVersions(), ", ")), Data: map[string]any{"supportedVersions": supportedVersions()}}
@@ -538,12 +574,7 @@ func (c *conn) initializeLocked(params json.RawMessage) (any, *rpcError) {
 	c.clientID = p.ClientID
 	c.mu.Unlock()
 	snaps := []any{}
-	named := make(map[string]bool)
 	for _, ch := range p.InitialSubscriptions {
-		if named[ch] {
-			continue // one snapshot per channel, however often it is named
-		}
-		named[ch] = true
 		if snap, ok := s.snapshotLocked(ch); ok {
 			c.mu.Lock()
 			c.subs[ch] = true
@@ -598,13 +629,20 @@ func parseVersion(v string) ([3]int, bool) {
 }
 
 // subscribeLocked answers subscribe. s.mu must be held.
-func (c *conn) subscribeLocked(params json.RawMessage) (any, *rpcError) {
-	var p struct {
-		Channel string `json:"channel"`
-	}
+type subscribeParams struct {
+	Channel string `json:"channel"`
+}
+
+func parseSubscribe(params json.RawMessage) (subscribeParams, *rpcError) {
+	var p subscribeParams
 	if err := json.Unmarshal(params, &p); err != nil || p.Channel == "" {
-		return nil, invalid("subscribe: channel is required")
+		return p, invalid("subscribe: channel is required")
 	}
+	return p, nil
+}
+
+// subscribeLocked answers subscribe. s.mu must be held.
+func (c *conn) subscribeLocked(p subscribeParams) (any, *rpcError) {
 	s := c.s
 	snap, ok := s.snapshotLocked(p.Channel)
 	if !ok {
@@ -617,25 +655,33 @@ func (c *conn) subscribeLocked(params json.RawMessage) (any, *rpcError) {
 }
 
 // reconnectLocked answers reconnect. s.mu must be held.
-func (c *conn) reconnectLocked(params json.RawMessage) (any, *rpcError) {
-	var p struct {
-		ClientID          string   `json:"clientId"`
-		LastSeenServerSeq int64    `json:"lastSeenServerSeq"`
-		Subscriptions     []string `json:"subscriptions"`
-	}
+type reconnectParams struct {
+	ClientID          string   `json:"clientId"`
+	LastSeenServerSeq int64    `json:"lastSeenServerSeq"`
+	Subscriptions     []string `json:"subscriptions"`
+}
+
+func parseReconnect(params json.RawMessage) (reconnectParams, *rpcError) {
+	var p reconnectParams
 	if err := json.Unmarshal(params, &p); err != nil || p.ClientID == "" {
-		return nil, invalid("reconnect: clientId, lastSeenServerSeq and subscriptions are required")
+		return p, invalid("reconnect: clientId, lastSeenServerSeq and subscriptions are required")
 	}
 	if len(p.ClientID) > maxURI {
-		return nil, invalid("reconnect: clientId longer than %d bytes", maxURI)
+		return p, invalid("reconnect: clientId longer than %d bytes", maxURI)
 	}
+	p.Subscriptions = distinct(p.Subscriptions)
+	return p, nil
+}
+
+// reconnectLocked answers reconnect. s.mu must be held.
+func (c *conn) reconnectLocked(p reconnectParams) (any, *rpcError) {
 	s := c.s
 	c.mu.Lock()
 	c.clientID = p.ClientID
 	missing := []string{}
 	live := map[string]bool{}
 	for _, ch := range p.Subscriptions {
-		if _, ok := s.snapshotLocked(ch); ok {
+		if s.servedLocked(ch) {
 			c.subs[ch] = true
 			live[ch] = true
 		} else {

@@ -35,9 +35,9 @@ func TestClientIDIsBounded(t *testing.T) {
 		s.mu.Lock()
 		var rerr *rpcError
 		if tc.method == "initialize" {
-			_, rerr = c.initializeLocked(params)
+			_, rerr = c.initializeRaw(params)
 		} else {
-			_, rerr = c.reconnectLocked(params)
+			_, rerr = c.reconnectRaw(params)
 		}
 		s.mu.Unlock()
 		switch {
@@ -304,4 +304,22 @@ func TestNegotiate(t *testing.T) {
 			t.Errorf("negotiate(%q) = %q, want %q", tc.offered, got, tc.want)
 		}
 	}
+}
+
+// initializeRaw and reconnectRaw answer a handshake from its raw params, as
+// handle does. s.mu must be held.
+func (c *conn) initializeRaw(params json.RawMessage) (any, *rpcError) {
+	p, rerr := parseInitialize(params)
+	if rerr != nil {
+		return nil, rerr
+	}
+	return c.initializeLocked(p)
+}
+
+func (c *conn) reconnectRaw(params json.RawMessage) (any, *rpcError) {
+	p, rerr := parseReconnect(params)
+	if rerr != nil {
+		return nil, rerr
+	}
+	return c.reconnectLocked(p)
 }

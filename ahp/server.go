@@ -112,6 +112,10 @@ type Server struct {
 	// made. It is added to under mu, before closing is set or while the
 	// terminal's own count is held: never from zero while Close waits.
 	wg sync.WaitGroup
+	// listedAt is when the terminal catalogue last went out; listDue
+	// says one is to go out (listedChangedLocked).
+	listedAt time.Time
+	listDue  bool
 	// strangers counts connections without a valid token still being
 	// told so; past maxStrangers more are closed at once.
 	strangers atomic.Int32
@@ -533,8 +537,36 @@ func (s *Server) removeLocked(t *terminal) {
 	s.terminalsChangedLocked()
 }
 
+// listInterval is the least time between two lists of the terminals that
+// title or claim changes publish: a program setting its title in a loop
+// would otherwise send every root subscriber the whole list per change.
+const listInterval = 200 * time.Millisecond
+
+// listedChangedLocked publishes the terminal catalogue after a title or
+// claim changed: at once when none went out for listInterval, else once
+// that has passed, with whatever changed meanwhile. s.mu must be held.
+func (s *Server) listedChangedLocked() {
+	if s.listDue {
+		return
+	}
+	wait := listInterval - time.Since(s.listedAt)
+	if wait <= 0 {
+		s.terminalsChangedLocked()
+		return
+	}
+	s.listDue = true
+	time.AfterFunc(wait, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.listDue {
+			s.terminalsChangedLocked()
+		}
+	})
+}
+
 // terminalsChanged publishes the terminal catalogue. s.mu must be held.
 func (s *Server) terminalsChangedLocked() {
+	s.listDue, s.listedAt = false, time.Now()
 	list := make([]TerminalInfo, 0, len(s.terms))
 	for uri, t := range s.terms {
 		if t.t == nil {
@@ -546,16 +578,25 @@ func (s *Server) terminalsChangedLocked() {
 	s.emitLocked(RootURI, Action{Type: "root/terminalsChanged", Terminals: list}, nil)
 }
 
+// servedLocked reports whether channel is one a client can subscribe to.
+// s.mu must be held.
+func (s *Server) servedLocked(channel string) bool {
+	t, ok := s.terms[channel]
+	return channel == RootURI || ok && t.t != nil
+}
+
 // snapshot returns a channel's state. s.mu must be held.
 func (s *Server) snapshotLocked(channel string) (map[string]any, bool) {
 	var state any
+	if !s.servedLocked(channel) {
+		return nil, false
+	}
 	if channel == RootURI {
 		state = s.root
-	} else if t, ok := s.terms[channel]; ok && t.t != nil {
+	} else {
+		t := s.terms[channel]
 		t.fold(s.cfg.MaxContent)
 		state = t.state
-	} else {
-		return nil, false
 	}
 	return map[string]any{"resource": channel, "state": state, "fromSeq": s.seq}, true
 }

@@ -96,7 +96,7 @@ func TestReconnect(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			params, _ := json.Marshal(map[string]any{"clientId": "c", "lastSeenServerSeq": base + tc.lastSeen, "subscriptions": []string{"ahp-terminal:/t", "ahp-terminal:/gone"}})
 			s.mu.Lock()
-			res, rerr := c.reconnectLocked(params)
+			res, rerr := c.reconnectRaw(params)
 			s.mu.Unlock()
 			if rerr != nil {
 				t.Fatal(rerr)
@@ -125,7 +125,7 @@ func TestReconnect(t *testing.T) {
 		})
 	}
 	s.mu.Lock()
-	_, rerr := c.reconnectLocked(json.RawMessage(`{"lastSeenServerSeq":1}`))
+	_, rerr := c.reconnectRaw(json.RawMessage(`{"lastSeenServerSeq":1}`))
 	s.mu.Unlock()
 	if rerr == nil || rerr.Code != codeInvalidParams {
 		t.Errorf("reconnect without clientId: %+v", rerr)
@@ -368,7 +368,7 @@ func TestReconnectToARemadeTerminal(t *testing.T) {
 			c := &conn{s: s, subs: make(map[string]bool)}
 			params, _ := json.Marshal(map[string]any{"clientId": "c", "lastSeenServerSeq": lastSeen, "subscriptions": []string{tc.uri}})
 			s.mu.Lock()
-			res, rerr := c.reconnectLocked(params)
+			res, rerr := c.reconnectRaw(params)
 			s.mu.Unlock()
 			if rerr != nil {
 				t.Fatal(rerr)
@@ -859,9 +859,49 @@ func TestSameTitleIsNotSentAgain(t *testing.T) {
 	}
 }
 
-// TestInitializeSubscribesOncePerChannel: a channel named many times in
-// initialSubscriptions gets one snapshot, not a reply that multiplies it.
-func TestInitializeSubscribesOncePerChannel(t *testing.T) {
+// TestTitleFloodSendsFewLists: a program that changes its title without
+// end sends each title to the terminal's subscribers, but the list of
+// terminals to the root's at most once per listInterval, the last with
+// the last title.
+func TestTitleFloodSendsFewLists(t *testing.T) {
+	s := testServer(Config{ReplayActions: 10000, ReplayBytes: 1 << 30})
+	term := s.terms["ahp-terminal:/t"]
+	term.parser = osc633.NewParser("n")
+	term.process([]byte(strings.Repeat("\x1b]0;a\x07\x1b]0;b\x07", 500)+"\x1b]0;last\x07"), true)
+	lists := func() (n int, last string) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, env := range s.replay {
+			if env.Action.Type == "root/terminalsChanged" {
+				n++
+				last = env.Action.Terminals[0].Title
+			}
+		}
+		return n, last
+	}
+	if n, _ := lists(); n > 2 {
+		t.Errorf("%d lists for 1001 titles set at once, want at most 2", n)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n, last := lists()
+		if last == "last" {
+			if n > 2 {
+				t.Errorf("%d lists, want at most 2", n)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the list never showed the last title: %d lists, the last with %q", n, last)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestHandshakesSubscribeOncePerChannel: a channel named many times in
+// initialSubscriptions, or in reconnect's subscriptions, gets one snapshot,
+// not an answer that multiplies it.
+func TestHandshakesSubscribeOncePerChannel(t *testing.T) {
 	s := testServer(Config{})
 	s.emit("ahp-terminal:/t", Action{Type: "terminal/data", Data: strings.Repeat("x", 1000)}, nil)
 	c := &conn{s: s, subs: make(map[string]bool)}
@@ -871,13 +911,26 @@ func TestInitializeSubscribesOncePerChannel(t *testing.T) {
 	}
 	params, _ := json.Marshal(map[string]any{"protocolVersions": supportedVersions(), "clientId": "c", "initialSubscriptions": subs})
 	s.mu.Lock()
-	res, rerr := c.initializeLocked(params)
+	res, rerr := c.initializeRaw(params)
 	s.mu.Unlock()
 	if rerr != nil {
 		t.Fatal(rerr)
 	}
 	if snaps := res.(map[string]any)["snapshots"].([]any); len(snaps) != 2 {
 		t.Errorf("%d snapshots for 2 channels", len(snaps))
+	}
+	// So does reconnect, with the missing named once too.
+	subs = append(subs, "ahp-terminal:/gone", "ahp-terminal:/gone")
+	params, _ = json.Marshal(map[string]any{"clientId": "c", "lastSeenServerSeq": -5, "subscriptions": subs})
+	s.mu.Lock()
+	res, rerr = (&conn{s: s, subs: make(map[string]bool)}).reconnectRaw(params)
+	s.mu.Unlock()
+	if rerr != nil {
+		t.Fatal(rerr)
+	}
+	m := res.(map[string]any)
+	if snaps := m["snapshots"].([]any); len(snaps) != 2 {
+		t.Errorf("reconnect: %d snapshots for 2 channels", len(snaps))
 	}
 }
 
@@ -1297,7 +1350,7 @@ func TestRejectionReplaysToItsSenderOnly(t *testing.T) {
 	}{{"sender", 2}, {"other", 1}} {
 		params, _ := json.Marshal(map[string]any{"clientId": tc.client, "lastSeenServerSeq": last, "subscriptions": []string{"ahp-terminal:/t"}})
 		s.mu.Lock()
-		res, rerr := (&conn{s: s, subs: make(map[string]bool)}).reconnectLocked(params)
+		res, rerr := (&conn{s: s, subs: make(map[string]bool)}).reconnectRaw(params)
 		s.mu.Unlock()
 		if rerr != nil {
 			t.Fatal(rerr)
@@ -1318,5 +1371,52 @@ func TestTerminalsChangedKeepsAnEmptyList(t *testing.T) {
 		if err != nil || !strings.Contains(string(b), `"terminals":[]`) {
 			t.Errorf("%#v: %s, %v", list, b, err)
 		}
+	}
+}
+
+// TestDataActionsAreWhatTheStateHolds: output that a sequence cuts inside
+// a character reaches clients as the state holds it: the character whole,
+// after the action the sequence made, not two halves each replaced.
+func TestDataActionsAreWhatTheStateHolds(t *testing.T) {
+	const nonce = "n0nce"
+	for _, tc := range []struct {
+		name, output, want string
+	}{
+		{"a prompt mark inside a character", "\xe2\x1b]633;A\x07\x82\xac", "€"},
+		{"a command start inside a character", "\x1b]633;E;ls;" + nonce + "\x07\xe2\x82\x1b]633;C;" + nonce + "\x07\xac!", "€!"},
+		// A title stays in the data, so the program wrote no character.
+		{"a title inside a character", "a\xe2\x1b]0;t\x07\x82\xac", "a\ufffd\x1b]0;t\x07\ufffd\ufffd"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := testServer(Config{MaxContent: 1 << 20, ReplayActions: 1000, ReplayBytes: 1 << 20})
+			term := s.terms["ahp-terminal:/t"]
+			term.parser = osc633.NewParser(nonce)
+			term.process([]byte(tc.output), true)
+			term.fold(1 << 20)
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			// What a client following the actions has: each as JSON.
+			var sent strings.Builder
+			for _, env := range s.replay {
+				if env.Action.Type != "terminal/data" {
+					continue
+				}
+				b, _ := json.Marshal(env.Action)
+				var a Action
+				json.Unmarshal(b, &a)
+				sent.WriteString(a.Data)
+			}
+			// What a snapshot shows, as JSON.
+			var raw strings.Builder
+			for _, p := range term.state.Content {
+				raw.WriteString(p.Value + p.Output)
+			}
+			b, _ := json.Marshal(raw.String())
+			var held string
+			json.Unmarshal(b, &held)
+			if sent.String() != tc.want || held != tc.want {
+				t.Errorf("clients got %q, a snapshot shows %q; want both %q", sent.String(), held, tc.want)
+			}
+		})
 	}
 }

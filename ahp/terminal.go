@@ -43,6 +43,9 @@ type terminal struct {
 	// client that typed. inputBytes is what it holds (guarded by s.mu).
 	input      chan []byte
 	inputBytes int
+	// resizing is held from a resize's engine call until the lock is
+	// held again to emit it.
+	resizing sync.Mutex
 	// nonce is typed for the launcher when it asks (OSC 633 R;nonce);
 	// until it has it (R;ready) or wants none (R;none), input waits in
 	// input, and opened (guarded by s.mu) is false. gate is closed when
@@ -409,11 +412,16 @@ func (s *Server) applyLocked(from *conn, channel string, a Action, origin *Origi
 			return fmt.Sprintf("cols and rows must be between 1 and %d", maxSize)
 		}
 		// An engine round trip: not under the lock, and not for ever.
+		// resizing keeps two clients' resizes in one order for the
+		// engine and for the actions: it is let go only once the lock,
+		// under which the action is emitted, is held again.
 		s.mu.Unlock()
+		t.resizing.Lock()
 		ctx, cancel := context.WithTimeout(s.ctx, 10*time.Second)
 		err := t.t.Resize(ctx, uint(a.Cols), uint(a.Rows))
 		cancel()
 		s.mu.Lock()
+		t.resizing.Unlock()
 		if err != nil {
 			return err.Error()
 		}
@@ -448,7 +456,7 @@ func (s *Server) applyLocked(from *conn, channel string, a Action, origin *Origi
 	from.hold()
 	s.emitLocked(channel, a, origin)
 	if a.Type == "terminal/claimed" || a.Type == "terminal/titleChanged" {
-		s.terminalsChangedLocked()
+		s.listedChangedLocked()
 	}
 	return ""
 }
@@ -483,7 +491,7 @@ func (t *terminal) wait() {
 		code := sandbox.ExitCode(*st)
 		a.ExitCode = &code
 	}
-	t.emitListed(a)
+	t.emitListed(a, true)
 }
 
 // emit emits an action of the terminal's own while it is served: the
@@ -499,8 +507,8 @@ func (t *terminal) emit(a Action) {
 }
 
 // emitListed emits an action that changes what the root channel lists of
-// the terminal, and the new list with it.
-func (t *terminal) emitListed(a Action) {
+// the terminal, and the new list with it: at once, or within listInterval.
+func (t *terminal) emitListed(a Action, now bool) {
 	s := t.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -508,7 +516,11 @@ func (t *terminal) emitListed(a Action) {
 		return
 	}
 	s.emitLocked(t.uri, a, nil)
-	s.terminalsChangedLocked()
+	if now {
+		s.terminalsChangedLocked()
+	} else {
+		s.listedChangedLocked()
+	}
 }
 
 // process feeds output to the parser and emits what comes out. Unless the
@@ -523,9 +535,16 @@ func (t *terminal) process(data []byte, final bool) {
 	out, events := t.parser.Feed(data)
 	from := 0
 	for _, ev := range events {
-		if ev.Offset > from {
-			t.emit(Action{Type: "terminal/data", Data: string(out[from:ev.Offset])})
-			from = ev.Offset
+		// The data goes out in two parts only around an event that may
+		// be an action of its own, and never with a character cut in
+		// two: clients would each get half a character (replaced, in
+		// JSON), while the state joined the halves.
+		if strings.IndexByte("ABE", ev.Kind) < 0 && ev.Offset > from {
+			cut := ev.Offset - sandbox.IncompleteTail(out[from:ev.Offset])
+			if cut > from {
+				t.emit(Action{Type: "terminal/data", Data: string(out[from:cut])})
+				from = cut
+			}
 		}
 		t.event(ev)
 	}
@@ -585,7 +604,7 @@ func (t *terminal) event(ev osc633.Event) {
 		// costs each client a list of the terminals per change; the same
 		// title again changes nothing.
 		if !t.stateIs(func(st TerminalState) bool { return st.Title == title }) {
-			t.emitListed(Action{Type: "terminal/titleChanged", Title: title})
+			t.emitListed(Action{Type: "terminal/titleChanged", Title: title}, false)
 		}
 	}
 }

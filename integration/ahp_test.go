@@ -161,6 +161,7 @@ type envelope struct {
 		DurationMs  *int64 `json:"durationMs"`
 		Claim       any    `json:"claim"`
 		Title       string `json:"title"`
+		Cols, Rows  int
 	} `json:"action"`
 	RejectionReason string `json:"rejectionReason"`
 }
@@ -392,6 +393,34 @@ func TestAHPTerminal(t *testing.T) {
 		}
 	}
 
+	// Two clients resizing at once: the size all are told last is the
+	// PTY's.
+	resized := func() (n int, last string) {
+		for _, e := range c.envelopes() {
+			if e.Action.Type == "terminal/resized" && e.RejectionReason == "" {
+				n++
+				last = fmt.Sprintf("%d %d\r\n", e.Action.Rows, e.Action.Cols)
+			}
+		}
+		return n, last
+	}
+	before, _ := resized()
+	var wg sync.WaitGroup
+	for i, cl := range []*ahpClient{c, c2} {
+		wg.Go(func() {
+			for k := range 10 {
+				cl.notify("dispatchAction", map[string]any{"channel": term, "clientSeq": 10 + k, "action": map[string]any{"type": "terminal/resized", "cols": 50 + 20*i + k, "rows": 20 + k}})
+			}
+		})
+	}
+	wg.Wait()
+	eventually(t, "every resize told", 60*time.Second, func() bool { n, _ := resized(); return n == before+20 })
+	_, size := resized()
+	c.input(term, "stty size\r", 30)
+	eventually(t, "stty size shows "+size, 60*time.Second, func() bool {
+		return strings.HasSuffix(c.data(term), size) || strings.Contains(c.data(term), "stty size\r\n"+size)
+	})
+
 	// Dispose hangs the terminal up, and leaves no process of it in the
 	// container.
 	const line = "trap 'echo hung up >/tmp/hup' HUP; sleep 312"
@@ -524,10 +553,13 @@ func TestAHPTitleAndForgedSequences(t *testing.T) {
 	if strings.Join(titles, "|") != "build: step 1|build: step 2" {
 		t.Errorf("titles = %q, want both, in order", titles)
 	}
-	r := c.call("subscribe", map[string]any{"channel": "ahp-root://"})
-	if !strings.Contains(string(r.Result), `"title":"build: step 2"`) {
-		t.Errorf("root terminals do not carry the title: %s", r.Result)
-	}
+	// The list of terminals follows within a fraction of a second (it
+	// goes out at most every 200 ms, for programs that set titles in a
+	// loop).
+	eventually(t, "the root's list with the title", 30*time.Second, func() bool {
+		r := c.call("subscribe", map[string]any{"channel": "ahp-root://"})
+		return strings.Contains(string(r.Result), `"title":"build: step 2"`)
+	})
 	// Unlike OSC 633, they stay in the data for the client's emulator.
 	if d := c.data(term); !strings.Contains(d, "\x1b]0;build: step 1\a") {
 		t.Errorf("title sequence missing from the data: %q", d)
