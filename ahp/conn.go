@@ -468,7 +468,7 @@ func (c *conn) handle(ctx context.Context, data []byte) {
 			c.refused = rerr != nil && rerr.Code == codeUnsupportedProto
 		case "subscribe":
 			var p subscribeParams
-			if p, rerr = parseSubscribe(m.Params); rerr == nil {
+			if p, rerr = parseSubscribe(m.Method, m.Params); rerr == nil {
 				c.s.mu.Lock()
 				defer c.s.mu.Unlock()
 				res, rerr = c.subscribeLocked(p)
@@ -484,11 +484,8 @@ func (c *conn) handle(ctx context.Context, data []byte) {
 	case m.Method == "ping":
 		// No payload either way: the result is null.
 	case m.Method == "unsubscribe":
-		var p struct {
-			Channel string `json:"channel"`
-		}
-		if err := json.Unmarshal(m.Params, &p); err != nil || p.Channel == "" {
-			rerr = invalid("unsubscribe: channel is required")
+		var p subscribeParams
+		if p, rerr = parseSubscribe(m.Method, m.Params); rerr != nil {
 			break
 		}
 		c.mu.Lock()
@@ -526,7 +523,7 @@ func (c *conn) handle(ctx context.Context, data []byte) {
 	}
 }
 
-// initializeLocked answers initialize. s.mu must be held.
+// initializeParams are initialize's params, read before the server lock.
 type initializeParams struct {
 	ProtocolVersions     []string `json:"protocolVersions"`
 	ClientID             string   `json:"clientId"`
@@ -628,15 +625,15 @@ func parseVersion(v string) ([3]int, bool) {
 	return key, true
 }
 
-// subscribeLocked answers subscribe. s.mu must be held.
+// subscribeParams are the params of subscribe and unsubscribe.
 type subscribeParams struct {
 	Channel string `json:"channel"`
 }
 
-func parseSubscribe(params json.RawMessage) (subscribeParams, *rpcError) {
+func parseSubscribe(method string, params json.RawMessage) (subscribeParams, *rpcError) {
 	var p subscribeParams
 	if err := json.Unmarshal(params, &p); err != nil || p.Channel == "" {
-		return p, invalid("subscribe: channel is required")
+		return p, invalid("%s: channel is required", method)
 	}
 	return p, nil
 }
@@ -654,7 +651,7 @@ func (c *conn) subscribeLocked(p subscribeParams) (any, *rpcError) {
 	return map[string]any{"snapshot": snap}, nil
 }
 
-// reconnectLocked answers reconnect. s.mu must be held.
+// reconnectParams are reconnect's params, read before the server lock.
 type reconnectParams struct {
 	ClientID          string   `json:"clientId"`
 	LastSeenServerSeq int64    `json:"lastSeenServerSeq"`

@@ -114,8 +114,9 @@ type Server struct {
 	wg sync.WaitGroup
 	// listedAt is when the terminal catalogue last went out; listDue
 	// says one is to go out (listedChangedLocked).
-	listedAt time.Time
-	listDue  bool
+	listedAt  time.Time
+	listDue   bool
+	listTimer *time.Timer
 	// strangers counts connections without a valid token still being
 	// told so; past maxStrangers more are closed at once.
 	strangers atomic.Int32
@@ -336,6 +337,9 @@ func (s *Server) Listen(ctx context.Context, addr string, ready func(net.Addr) e
 func (s *Server) Close() {
 	s.mu.Lock()
 	s.closing = true
+	if s.listTimer != nil {
+		s.listTimer.Stop()
+	}
 	terms := make([]*terminal, 0, len(s.terms))
 	for _, t := range s.terms {
 		terms = append(terms, t)
@@ -555,10 +559,10 @@ func (s *Server) listedChangedLocked() {
 		return
 	}
 	s.listDue = true
-	time.AfterFunc(wait, func() {
+	s.listTimer = time.AfterFunc(wait, func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		if s.listDue {
+		if s.listDue && !s.closing {
 			s.terminalsChangedLocked()
 		}
 	})

@@ -553,6 +553,9 @@ func (t *terminal) process(data []byte, final bool) {
 	}
 }
 
+// event acts on one event. A, B and E make no action of their own but
+// for the first commandDetectionAvailable, which does not mind the data
+// around it (process splits the data only at the others).
 func (t *terminal) event(ev osc633.Event) {
 	if ev.Kind == 'R' {
 		t.launch(ev.Value)

@@ -55,6 +55,9 @@ func TestBadRequestsLeaveOthersAlone(t *testing.T) {
 		{"relative cwd", "terminal/create", map[string]any{"sessionId": "good", "command": "true", "cwd": "sub"}, -32602, "cwd"},
 		{"cwd outside the workspace", "terminal/create", map[string]any{"sessionId": "good", "command": "true", "cwd": "/etc"}, -32602, "cwd"},
 		{"cwd escaping with ..", "terminal/create", map[string]any{"sessionId": "good", "command": "true", "cwd": ws + "/../.."}, -32602, "cwd"},
+		// sh's exec would take it as an option: "illegal option", or in
+		// bash -c's empty environment for the next word.
+		{"command like an option", "terminal/create", map[string]any{"sessionId": "good", "command": "-c", "args": []string{"env"}}, -32602, "starts with '-'"},
 		{"NUL in command", "terminal/create", map[string]any{"sessionId": "good", "command": "ec\u0000ho"}, -32602, "command"},
 		{"NUL in an arg", "terminal/create", map[string]any{"sessionId": "good", "command": "echo", "args": []string{"a", "b\u0000"}}, -32602, "args[1]"},
 		{"env name with =", "terminal/create", map[string]any{"sessionId": "good", "command": "true", "env": []map[string]string{{"name": "A=B", "value": "x"}}}, -32602, "env[0].name"},

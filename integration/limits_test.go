@@ -555,6 +555,8 @@ func TestHelperFloodLeavesSandboxdAlone(t *testing.T) {
 		out, err := a.TerminalOutput(ctx, acpsdk.TerminalOutputRequest{SessionId: "flood", TerminalId: created.TerminalId})
 		return err == nil && strings.Contains(out.Output, "watching")
 	})
+	// Answered, as an error: the kill script's output was flooded, and so
+	// was its retry's.
 	if _, err := a.KillTerminal(ctx, ids); err != nil && ctx.Err() != nil {
 		t.Fatalf("kill not answered: %v", err)
 	}

@@ -157,10 +157,9 @@ func ioctl(f *os.File, req uintptr, arg unsafe.Pointer) error {
 }
 
 // TestOwnFilesInTheWorkspaceAreRefused: a workspace that holds sandboxd's
-// configuration, its log or its package cache is refused before anything
-// runs: a command there could choose sandboxd's next configuration, write
-// through its log, or pick the busybox the next image build runs on the
-// host.
+// configuration or its package cache is refused before anything runs: a
+// command there could choose sandboxd's next configuration, or the busybox
+// the next image build runs on the host.
 func TestOwnFilesInTheWorkspaceAreRefused(t *testing.T) {
 	ws := workspace(t)
 	cfg := filepath.Join(ws, "sandbox.toml")
@@ -172,7 +171,6 @@ func TestOwnFilesInTheWorkspaceAreRefused(t *testing.T) {
 		want string
 	}{
 		{"configuration", []string{"--config", cfg}, "", cfg},
-		{"log", []string{"--config", testEnv.config, "--log", filepath.Join(ws, "sandboxd.log")}, "", filepath.Join(ws, "sandboxd.log")},
 		{"package cache", []string{"--config", testEnv.config}, "XDG_CACHE_HOME=" + filepath.Join(ws, ".cache"), filepath.Join(ws, ".cache", "sandboxd", "debs")},
 	}
 	for _, tc := range tests {
@@ -190,14 +188,28 @@ func TestOwnFilesInTheWorkspaceAreRefused(t *testing.T) {
 			assertNoContainers(t, cmd.Process.Pid)
 		})
 	}
-	// A log through a link is not followed.
-	link := filepath.Join(t.TempDir(), "sandboxd.log")
-	if err := os.Symlink(filepath.Join(t.TempDir(), "elsewhere"), link); err != nil {
+	// The log may lie there: it is opened neither through a link nor as
+	// anything but a file, which is all a command could put in its place.
+	log := filepath.Join(ws, "sandboxd.log")
+	link := filepath.Join(ws, "link.log")
+	if err := os.Symlink(filepath.Join(ws, "elsewhere"), link); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(testEnv.bin, "run", "--config", testEnv.config, "--log", link, "--", "true")
-	cmd.Dir = ws
-	if out, _ := cmd.CombinedOutput(); cmd.ProcessState.ExitCode() != 2 || !strings.Contains(string(out), "--log") {
-		t.Errorf("log through a link: exit %d, %q; want 2 naming --log", cmd.ProcessState.ExitCode(), out)
+	fifo := filepath.Join(ws, "fifo.log")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		log  string
+		code int
+	}{{log, 0}, {link, 2}, {fifo, 2}} {
+		cmd := exec.Command(testEnv.bin, "run", "--config", testEnv.config, "--log", tc.log, "--", "true")
+		cmd.Dir = ws
+		if out, _ := cmd.CombinedOutput(); cmd.ProcessState.ExitCode() != tc.code || tc.code != 0 && !strings.Contains(string(out), "--log") {
+			t.Errorf("log %s: exit %d, %q; want %d", tc.log, cmd.ProcessState.ExitCode(), out, tc.code)
+		}
+	}
+	if _, err := os.Lstat(filepath.Join(ws, "elsewhere")); err == nil {
+		t.Error("the log was written through the link")
 	}
 }

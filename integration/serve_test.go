@@ -740,8 +740,8 @@ target = "/opt/closed/inner"
 }
 
 // TestCommandNotFoundIs127: a command the container does not have exits
-// 127, as in a shell, with the engine's reason as its output (also one
-// that looks like an option); one it has but cannot run stays 126.
+// 127, as in a shell, with the engine's reason as its output; one it has
+// but cannot run stays 126.
 func TestCommandNotFoundIs127(t *testing.T) {
 	ws := workspace(t)
 	srv := startServe(t, ws)
@@ -754,11 +754,6 @@ func TestCommandNotFoundIs127(t *testing.T) {
 		{"no-such-command", "exit 127"},
 		{"/no/such/path", "exit 127"},
 		{"/etc/passwd", "exit 126"},
-		// Not an option of the shell's exec, which would say "illegal
-		// option" (2) or, in bash, run the next word with -c's empty
-		// environment.
-		{"-x", "exit 127"},
-		{"-c", "exit 127"},
 	} {
 		out, st := runCmd(t, ctx, a, acpsdk.CreateTerminalRequest{SessionId: "missing", Command: tc.command})
 		if got := exitCode(st); got != tc.want || !strings.Contains(out.Output, tc.command) {

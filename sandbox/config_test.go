@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -986,5 +987,27 @@ func TestCheckMountSourceRefusesPrivate(t *testing.T) {
 				t.Errorf("checkMountSource = %v, want ErrInvalid naming %s", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestMergeStderrUnderTheShells: the entry point runs the command as given,
+// its stderr joined to its stdout, under each /bin/sh an image may have
+// (dash on Debian and Ubuntu, bash, busybox): those found here.
+func TestMergeStderrUnderTheShells(t *testing.T) {
+	found := 0
+	for _, shell := range [][]string{{"dash"}, {"bash"}, {"busybox", "sh"}} {
+		path, err := exec.LookPath(shell[0])
+		if err != nil {
+			continue
+		}
+		found++
+		argv := append(shell[1:], "-c", mergeStderr, "sh", "sh", "-c", `printf '%s|' "$@"; echo err >&2`, "x", "a b", "-n")
+		out, err := exec.Command(path, argv...).Output()
+		if want := "a b|-n|err\n"; err != nil || string(out) != want {
+			t.Errorf("%s: %q, %v; want %q", shell, out, err, want)
+		}
+	}
+	if found == 0 {
+		t.Skip("no dash, bash or busybox here")
 	}
 }

@@ -320,7 +320,7 @@ func checkGrant(source, real, engineSocket string, private []string) error {
 
 // privateWhy says why a mount source that holds one of Config.Private is
 // refused.
-const privateWhy = "a file of sandboxd's own (its socket, the AHP token file, its --config or --log file, or its package cache), which would let commands drive or change sandboxd itself; put it outside the directories sandboxes see"
+const privateWhy = "a file of sandboxd's own (its socket, the AHP token file, its --config file, or its package cache), which would let commands drive or change sandboxd itself; put it outside the directories sandboxes see (the package cache moves with XDG_CACHE_HOME)"
 
 // privateIn returns the first of private (Config.Private) that real, a
 // path with its links resolved, is or holds, as the host resolves it;
@@ -1622,7 +1622,11 @@ func (s *Session) oomKillsRose(ctx context.Context) bool {
 	ctx, cancel := context.WithTimeout(ctx, oomReadTimeout)
 	defer cancel()
 	out, err := s.execOutput(ctx, []string{"cat", "/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events"})
-	if len(out) == 0 && err != nil {
+	// One of the two files is missing (cgroup v1 or v2): cat fails, and
+	// what it read of the other counts. Any other failure (flooded, out
+	// of time) leaves nothing to trust.
+	var ee *execError
+	if err != nil && (len(out) == 0 || !errors.As(err, &ee)) {
 		s.m.log.Warn("read oom counter", "session", s.ID, "err", err)
 		return false
 	}
@@ -1930,7 +1934,7 @@ func (s *Session) execOutput(ctx context.Context, cmd []string) ([]byte, error) 
 	// keeps is bounded, and a helper that says more has failed.
 	out, errOut := &cappedBuffer{max: maxHelperOutput}, &cappedBuffer{max: maxHelperOutput}
 	if _, err := stdcopy.StdCopy(out, errOut, att.Reader); err != nil {
-		return out.Bytes(), fmt.Errorf("%s: %w", cmd[0], err)
+		return out.Bytes(), fmt.Errorf("session %s: %s: %w", s.ID, cmd[0], err)
 	}
 	code, err := waitExec(ctx, cli, ex.ID)
 	if err != nil {

@@ -107,7 +107,7 @@ func (c Command) Argv() []string {
 // mergeStderr is the exec's entry point when output is merged: one pipe for
 // both streams keeps their true order, which two pipes read by the engine
 // cannot.
-const mergeStderr = `exec -- "$@" 2>&1`
+const mergeStderr = `exec "$@" 2>&1`
 
 // reaperPath is the engine's init (tini), which it mounts into every container
 // started with init. Each command runs behind one of its own, registered as
@@ -190,6 +190,12 @@ func (s *Session) validate(c Command) (cwd string, limit int, err error) {
 	}
 	if err := CheckString("command", c.Command); err != nil {
 		return "", 0, err
+	}
+	if c.Command[0] == '-' {
+		// sh's exec (mergeStderr) would take it as an option of its own,
+		// and dash's takes no "--" to say otherwise; no program is named
+		// so.
+		return "", 0, fmt.Errorf("%w: command: %.200q starts with '-'", ErrInvalid, c.Command)
 	}
 	for i, a := range c.Args {
 		if err := CheckString(fmt.Sprintf("args[%d]", i), a); err != nil {

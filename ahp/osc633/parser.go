@@ -114,14 +114,22 @@ func (p *Parser) Feed(data []byte) (out []byte, events []Event) {
 		}
 		switch {
 		case buf[i] == c1 && buf[i+1] == osc, buf[i] == esc && buf[i+1] == ']':
-		case buf[i] == esc && buf[i+1] == esc:
-			// ESC ESC: the second one starts over, as in a terminal.
+		case buf[i] == esc && (buf[i+1] == esc || buf[i+1] == c1):
+			// ESC ESC: the second one starts over, as in a terminal; so
+			// does a C1 control after an ESC.
+			i++
+			continue
+		case buf[i] == c1 && (buf[i+1] < 0x80 || buf[i+1] > 0xbf):
+			// No character: what a client's JSON would make of it, and
+			// nothing that a byte left after a stripped sequence could
+			// join into an OSC.
+			out = append(out, "\ufffd"...)
 			i++
 			continue
 		default:
-			// Another character, or another kind of sequence: it goes out
-			// with the byte after it, so nothing stripped later can join
-			// the two.
+			// A character, or another kind of sequence: it goes out with
+			// the byte after it, so nothing stripped later can join the
+			// two.
 			out = append(out, buf[i:i+2]...)
 			i += 2
 			continue

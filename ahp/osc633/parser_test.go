@@ -56,6 +56,10 @@ func TestParser(t *testing.T) {
 		{"other C1-page characters pass", "© ° \u0085 \u009b", "© ° \u0085 \u009b", nil},
 		{"CAN cancels a sequence, and what follows shows", "\x1b]633;A\x18visible\x07", "visible\x07", nil},
 		{"SUB cancels a sequence", "\x1b]633;A\x1avisible", "visible", nil},
+		{"a lone C1 lead before an OSC", "\xc2\x1b]633;A\x07x", "\ufffdx", []Event{{Kind: 'A', Offset: 3}}},
+		{"two C1 leads before a C1 OSC", "\xc2\xc2\x9d633;A\u009cx", "\ufffdx", []Event{{Kind: 'A', Offset: 3}}},
+		{"ESC before a C1 OSC", "\x1b\xc2\x9d633;A\u009cx", "x", []Event{{Kind: 'A'}}},
+		{"a C1 lead cannot join what follows a stripped sequence", "\xc2\x1b]633;A\x07\x9d633;B\x07", "\ufffd\x9d633;B\x07", []Event{{Kind: 'A', Offset: 3}}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -159,6 +163,7 @@ func FuzzParser(f *testing.F) {
 		"\x1b]633;A\x07$ \x1b]633;B\x07", "\x1b]633;E;ls\\x3b;n\x07", "\x1b]0;t\x1b\\", "\x1b\x1b]633;C\x07",
 		"\x1b]63\x1b]633;D;1\x07", "\x1b]633;P;Cwd=/\x07", "\x1b]", "\x1b", "plain",
 		"\u009d633;A\u009c", "\u009d0;t\x18x", "\xc2", "é©\u009d",
+		"\xc2\x1b]633;A\a", "\x1b\xc2\x9d633;A\a", "\xc2\xc2\x9d633;A\a",
 	} {
 		f.Add([]byte(s), uint16(3))
 	}

@@ -259,7 +259,8 @@ func (c *common) logger(stderr io.Writer) (*slog.Logger, func(), error) {
 	if c.logFile != "" {
 		// Not through a link, nor into what is no file: a link put in
 		// its place would have sandboxd append to whatever it names.
-		f, err := os.OpenFile(c.logFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
+		// Nor wait for a reader: a FIFO there would hold sandboxd up.
+		f, err := os.OpenFile(c.logFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0o600)
 		if err != nil {
 			return nil, nil, usageError{fmt.Errorf("--log: %w", err)}
 		}
@@ -290,13 +291,11 @@ func (c *common) setup(ctx context.Context, stderr io.Writer, log *slog.Logger, 
 		return nil, err
 	}
 	// sandboxd's own files besides the endpoints: a command that could
-	// change them would choose sandboxd's next configuration, write
-	// through its log, or pick the packages the next image build runs on
-	// the host.
-	for _, f := range []string{c.config, c.logFile} {
-		if f != "" {
-			private = append(private, f)
-		}
+	// change them would choose sandboxd's next configuration, or the
+	// packages the next image build runs on the host. (The log is not one:
+	// it is opened neither through a link nor as anything but a file.)
+	if c.config != "" {
+		private = append(private, c.config)
 	}
 	if dir, err := images.CacheDir(); err == nil {
 		private = append(private, dir)
@@ -466,10 +465,12 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		// else the output's.
 		for _, f := range []any{stdin, stdout} {
 			if f, ok := f.(*os.File); ok && console.IsTerminal(int(f.Fd())) {
+				// Watched first: a change while the size is read is
+				// sent, not lost.
+				resize = console.Watch(ctx, int(f.Fd()))
 				if size, err := console.SizeOf(int(f.Fd())); err == nil {
 					cmd.Cols, cmd.Rows = size.Cols, size.Rows
 				}
-				resize = console.Watch(ctx, int(f.Fd()))
 				break
 			}
 		}
@@ -479,6 +480,9 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 				return 0, err
 			}
 			defer state.Restore()
+			// Also at the first signal: a second one may end sandboxd at
+			// once, past every deferred call.
+			defer context.AfterFunc(ctx, func() { state.Restore() })()
 		}
 	}
 	return sandbox.Run(ctx, m, spec, cmd, resize)
