@@ -78,25 +78,37 @@ func (c *conn) subscribed(channel string) bool {
 	return c.subs[channel]
 }
 
-// outgoing is a message queued for the client; counted says it counts
-// against the backlog.
+// outgoing is a message queued for the client: msg, or what build makes
+// when it is written; size is what it holds, or about (build); counted
+// says it counts against the backlog.
 type outgoing struct {
 	msg     []byte
+	build   func() []byte
+	size    int
 	counted bool
+}
+
+// bytes is the message as it is written.
+func (o outgoing) bytes() []byte {
+	if o.build != nil {
+		return o.build()
+	}
+	return o.msg
 }
 
 // send queues msg for the client without blocking: it runs under the
 // server's lock.
-func (c *conn) send(msg []byte) { c.enqueue(msg, true) }
+func (c *conn) send(msg []byte) { c.enqueue(outgoing{msg: msg, size: len(msg), counted: true}) }
 
 // sendReply queues an answer to the client's request. It does not count
 // against the backlog, which would cut off a client asking for a snapshot
 // bigger than that; await bounds the answers instead.
-func (c *conn) sendReply(msg []byte) { c.enqueue(msg, false) }
+func (c *conn) sendReply(msg []byte) { c.enqueue(outgoing{msg: msg, size: len(msg)}) }
 
-func (c *conn) enqueue(msg []byte, counted bool) {
+func (c *conn) enqueue(o outgoing) {
+	counted := o.counted
 	c.qmu.Lock()
-	if counted && c.queued > 0 && c.queued+len(msg) > c.s.cfg.Backlog {
+	if counted && c.queued > 0 && c.queued+o.size > c.s.cfg.Backlog {
 		backlog := c.queued
 		c.qmu.Unlock()
 		select {
@@ -111,11 +123,11 @@ func (c *conn) enqueue(msg []byte, counted bool) {
 		}
 		return
 	}
-	c.queue = append(c.queue, outgoing{msg, counted})
+	c.queue = append(c.queue, o)
 	if counted {
-		c.queued += len(msg)
+		c.queued += o.size
 	} else {
-		c.replies += len(msg)
+		c.replies += o.size
 	}
 	wake := !c.writing && !c.quiet
 	c.qmu.Unlock()
@@ -166,18 +178,18 @@ func (c *conn) drain(ctx context.Context) {
 		// at the next action, and again at every reconnect.
 		for _, o := range batch {
 			if o.counted {
-				c.queued -= len(o.msg)
+				c.queued -= o.size
 			}
 		}
 		c.qmu.Unlock()
 		for i, o := range batch {
-			if err := c.writeMessage(ctx, o.msg); err != nil {
+			if err := c.writeMessage(ctx, o.bytes()); err != nil {
 				c.close()
 				return
 			}
 			if !o.counted {
 				c.qmu.Lock()
-				c.replies -= len(o.msg)
+				c.replies -= o.size
 				c.qmu.Unlock()
 				select {
 				case c.drained <- struct{}{}:
@@ -355,7 +367,37 @@ type rpcError struct {
 
 func (c *conn) reply(id json.RawMessage, result any, rerr *rpcError) {
 	c.hold() // replies are sent by the reader
-	c.sendReply(answer(id, result, rerr))
+	// Made into JSON when written, not here: a snapshot's answer is
+	// queued under the server lock (no newer action may overtake it),
+	// and a big one would hold every terminal up while it was encoded.
+	c.enqueue(outgoing{build: func() []byte { return answer(id, result, rerr) }, size: answerSize(result)})
+}
+
+// answerSize is about what an answer holds: its snapshots' states or its
+// replayed actions, and some for the rest.
+func answerSize(result any) int {
+	n := 256
+	var add func(v any)
+	add = func(v any) {
+		switch v := v.(type) {
+		case snapshot:
+			n += v.size
+		case []any:
+			for _, x := range v {
+				add(x)
+			}
+		case []Envelope:
+			for _, e := range v {
+				n += e.size()
+			}
+		case map[string]any:
+			for _, x := range v {
+				add(x)
+			}
+		}
+	}
+	add(result)
+	return n
 }
 
 // answer is the response to request id.

@@ -91,7 +91,7 @@ func TestInvalidRequests(t *testing.T) {
 				ID    json.RawMessage `json:"id"`
 				Error *rpcError       `json:"error"`
 			}
-			if err := json.Unmarshal(c.queue[0].msg, &m); err != nil {
+			if err := json.Unmarshal(c.queue[0].bytes(), &m); err != nil {
 				t.Fatal(err)
 			}
 			code := 0
@@ -99,7 +99,7 @@ func TestInvalidRequests(t *testing.T) {
 				code = m.Error.Code
 			}
 			if code != tc.code || string(m.ID) != tc.id {
-				t.Errorf("answer %s, want code %d and id %s", c.queue[0].msg, tc.code, tc.id)
+				t.Errorf("answer %s, want code %d and id %s", c.queue[0].bytes(), tc.code, tc.id)
 			}
 		})
 	}

@@ -589,20 +589,41 @@ func (s *Server) servedLocked(channel string) bool {
 	return channel == RootURI || ok && t.t != nil
 }
 
-// snapshot returns a channel's state. s.mu must be held.
-func (s *Server) snapshotLocked(channel string) (map[string]any, bool) {
-	var state any
+// snapshot is a channel's state as a subscription starts from it.
+type snapshot struct {
+	Resource string `json:"resource"`
+	State    any    `json:"state"`
+	FromSeq  int64  `json:"fromSeq"`
+	// size is about what the state holds.
+	size int
+}
+
+// snapshotLocked returns a channel's state, with its own copy of what the
+// server changes in place, so that it can be encoded after the lock is
+// let go. s.mu must be held.
+func (s *Server) snapshotLocked(channel string) (snapshot, bool) {
 	if !s.servedLocked(channel) {
-		return nil, false
+		return snapshot{}, false
 	}
+	snap := snapshot{Resource: channel, FromSeq: s.seq}
 	if channel == RootURI {
-		state = s.root
+		root := s.root
+		root.Terminals = slices.Clone(root.Terminals)
+		snap.State = root
+		for _, t := range root.Terminals {
+			snap.size += len(t.Resource) + len(t.Title) + len(t.Claim.ClientID) + len(t.Claim.Session) + PartOverhead
+		}
 	} else {
 		t := s.terms[channel]
 		t.fold(s.cfg.MaxContent)
-		state = t.state
+		state := t.state
+		state.Content = slices.Clone(state.Content)
+		snap.State = state
+		for _, p := range state.Content {
+			snap.size += partSize(p)
+		}
 	}
-	return map[string]any{"resource": channel, "state": state, "fromSeq": s.seq}, true
+	return snap, true
 }
 
 func notification(method string, params any) []byte {

@@ -179,7 +179,7 @@ func TestFoldMatchesReducer(t *testing.T) {
 			s.mu.Lock()
 			snap, _ := s.snapshotLocked("ahp-terminal:/t")
 			s.mu.Unlock()
-			got, _ := json.Marshal(snap["state"])
+			got, _ := json.Marshal(snap.State)
 			wantJSON, _ := json.Marshal(want)
 			if string(got) != string(wantJSON) {
 				t.Errorf("state\n got %s\nwant %s", got, wantJSON)
@@ -1157,7 +1157,7 @@ func TestUnreadAnswersAreBounded(t *testing.T) {
 				defer c.qmu.Unlock()
 				for _, o := range c.queue {
 					if !o.counted {
-						answers += len(o.msg)
+						answers += o.size
 					}
 				}
 				return answers, c.replies
@@ -1259,7 +1259,7 @@ func TestErrorsCutWhatThePeerSent(t *testing.T) {
 					RejectionReason string `json:"rejectionReason"`
 				} `json:"params"`
 			}
-			if err := json.Unmarshal(c.queue[len(c.queue)-1].msg, &m); err != nil {
+			if err := json.Unmarshal(c.queue[len(c.queue)-1].bytes(), &m); err != nil {
 				t.Fatal(err)
 			}
 			why := m.Params.RejectionReason
@@ -1422,5 +1422,27 @@ func TestDataActionsAreWhatTheStateHolds(t *testing.T) {
 				t.Errorf("clients got %q, a snapshot shows %q; want both %q", sent.String(), held, tc.want)
 			}
 		})
+	}
+}
+
+// TestSubscribeAnswerIsTheStateWhenAsked: the answer to subscribe is made
+// into JSON only when written (not under the server lock), and still shows
+// the state as it was when it was queued, not output that came after.
+func TestSubscribeAnswerIsTheStateWhenAsked(t *testing.T) {
+	s := testServer(Config{Backlog: 64 << 20})
+	s.emit("ahp-terminal:/t", Action{Type: "terminal/data", Data: "before "}, nil)
+	c := newConn(context.Background(), s, nil)
+	defer c.abort()
+	c.clientID = "c"
+	c.handle(context.Background(), []byte(`{"jsonrpc":"2.0","id":1,"method":"subscribe","params":{"channel":"ahp-terminal:/t"}}`))
+	if len(c.queue) != 1 || c.queue[0].build == nil {
+		t.Fatalf("queue %+v, want one answer to build when written", c.queue)
+	}
+	s.emit("ahp-terminal:/t", Action{Type: "terminal/data", Data: "after"}, nil)
+	s.mu.Lock()
+	s.terms["ahp-terminal:/t"].fold(1 << 20)
+	s.mu.Unlock()
+	if got := string(c.queue[0].bytes()); !strings.Contains(got, `"before "`) || strings.Contains(got, "after") {
+		t.Errorf("answer %s, want the state with before and without after", got)
 	}
 }
