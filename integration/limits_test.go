@@ -560,7 +560,15 @@ func TestHelperFloodLeavesSandboxdAlone(t *testing.T) {
 	if _, err := a.KillTerminal(ctx, ids); err != nil && ctx.Err() != nil {
 		t.Fatalf("kill not answered: %v", err)
 	}
-	if grew := procStatus(t, srv.cmd.Process.Pid, "VmHWM") - peak; grew > 128<<20 {
-		t.Errorf("sandboxd's peak memory grew by %d MiB with the flood", grew>>20)
+	// sandboxd reads at most 4 MiB of each of two streams per helper; the
+	// race detector's shadow memory multiplies what it allocates.
+	limit := int64(64 << 20)
+	if raceEnabled {
+		limit *= 8
+	}
+	grew := procStatus(t, srv.cmd.Process.Pid, "VmHWM") - peak
+	t.Logf("sandboxd's peak memory grew by %d MiB", grew>>20)
+	if grew > limit {
+		t.Errorf("sandboxd's peak memory grew by %d MiB with the flood, want at most %d", grew>>20, limit>>20)
 	}
 }

@@ -1947,9 +1947,10 @@ func (s *Session) execOutput(ctx context.Context, cmd []string) ([]byte, error) 
 }
 
 // maxHelperOutput bounds what sandboxd reads from one of its own commands
-// in a container, far above what any of them writes: mountinfo, or the
-// kill script's pairs for some hundred thousand processes.
-const maxHelperOutput = 16 << 20
+// in a container, far above what any of them writes: mountinfo of some
+// thousand mounts, or the kill script's pairs for some hundred thousand
+// processes.
+const maxHelperOutput = 4 << 20
 
 // cappedBuffer is a bytes.Buffer that takes at most max bytes.
 type cappedBuffer struct {
