@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -160,6 +161,7 @@ func (b *Builder) rootfs(ctx context.Context) ([]Entry, error) {
 		arch:      hostDebArch(ctx),
 		uid:       os.Getuid(),
 		download:  aptGetDownload,
+		index:     aptIndex,
 		progress:  b.progress,
 	}
 	return d.rootfs(ctx)
@@ -307,7 +309,18 @@ type debs struct {
 	uid       int    // who must own the files in cache
 	// download puts pkg's .deb into dir; tests replace apt-get with it.
 	download func(ctx context.Context, dir, pkg string) error
+	// index names the .deb apt would fetch for pkg, with its size and
+	// hash from apt's signed lists; nil, or an error, leaves the cache
+	// unchecked (a cache filled by hand on a host without apt).
+	index    func(ctx context.Context, pkg string) (debInfo, error)
 	progress func(format string, args ...any)
+}
+
+// debInfo is a .deb as apt's index describes it.
+type debInfo struct {
+	Name   string // file name, as apt-get download writes it
+	Size   int64
+	SHA256 string // hex
 }
 
 // leftoverAge is how old a staging or download directory in the cache must
@@ -432,8 +445,21 @@ func layout(busybox, bash []byte, applets []string) []Entry {
 }
 
 // unpack unpacks pkg's .deb into dest, from the cache or apt's archive if
-// there, else downloaded.
+// there, else downloaded. With apt's index at hand, only the .deb it names
+// for pkg is used, its size and hash checked: what goes into the image,
+// and runs on the host while it is built, is then what Debian signed, and
+// an update apt knows of replaces what the cache holds.
 func (d *debs) unpack(ctx context.Context, pkg, dest string) error {
+	if d.index != nil {
+		info, err := d.index(ctx, pkg)
+		if err == nil {
+			return d.unpackChecked(ctx, pkg, info, dest)
+		}
+		if ctx.Err() != nil {
+			return err
+		}
+		d.progress("apt's index does not name %s (%v): the cached .deb is used unchecked", pkg, err)
+	}
 	deb, err := d.cached(pkg)
 	if err != nil {
 		return err
@@ -453,7 +479,8 @@ func (d *debs) unpack(ctx context.Context, pkg, dest string) error {
 	// break every build from now on.
 	d.progress("%s does not unpack (%v); downloading %s again", deb, err, pkg)
 	if filepath.Dir(deb) == d.cache {
-		if err := os.Remove(deb); err != nil {
+		// Another build may have removed it already.
+		if err := os.Remove(deb); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("unpack %s: remove the damaged %s: %w", pkg, deb, err)
 		}
 	}
@@ -464,6 +491,97 @@ func (d *debs) unpack(ctx context.Context, pkg, dest string) error {
 		return err
 	}
 	return extract(ctx, pkg, deb, dest)
+}
+
+// unpackChecked unpacks the .deb info names: from the cache or apt's
+// archive when one there has its size and hash, else downloaded and
+// checked. A file under its name that does not match is removed from the
+// cache.
+func (d *debs) unpackChecked(ctx context.Context, pkg string, info debInfo, dest string) error {
+	dirs := []string{d.cache}
+	if d.archives != "" {
+		dirs = append(dirs, d.archives)
+	}
+	for _, dir := range dirs {
+		deb := filepath.Join(dir, info.Name)
+		if _, err := os.Lstat(deb); err != nil {
+			continue
+		}
+		owner := 0
+		if dir == d.cache {
+			owner = d.uid
+		}
+		err := checkDeb(deb, owner)
+		if err == nil {
+			err = matches(deb, info)
+		}
+		if err == nil {
+			return extract(ctx, pkg, deb, dest)
+		}
+		d.progress("%s is not the .deb apt's index names (%v)", deb, err)
+		if dir == d.cache {
+			if err := os.Remove(deb); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return fmt.Errorf("unpack %s: remove %s: %w", pkg, deb, err)
+			}
+		}
+	}
+	deb, err := d.fetch(ctx, pkg)
+	if err != nil {
+		return err
+	}
+	if err := matches(deb, info); err != nil {
+		os.Remove(deb)
+		return fmt.Errorf("unpack %s: the download is not what apt's index names: %w", pkg, err)
+	}
+	return extract(ctx, pkg, deb, dest)
+}
+
+// matches checks that the file at path has the size and hash info gives.
+func matches(path string, info debInfo) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return err
+	}
+	if n != info.Size {
+		return fmt.Errorf("%d bytes, want %d", n, info.Size)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != info.SHA256 {
+		return fmt.Errorf("SHA256 %s, want %s", got, info.SHA256)
+	}
+	return nil
+}
+
+// aptIndex asks apt which .deb it would download for pkg: its file name,
+// size and SHA256, from the package lists apt checked against Debian's
+// signatures. It reads only the local lists.
+func aptIndex(ctx context.Context, pkg string) (debInfo, error) {
+	out, err := exec.CommandContext(ctx, "apt-get", "download", "--print-uris", pkg).Output()
+	if err != nil {
+		return debInfo{}, fmt.Errorf("apt-get download --print-uris %s: %w", pkg, err)
+	}
+	return parsePrintURIs(out)
+}
+
+// parsePrintURIs reads the line `'URI' NAME SIZE SHA256:HEX` that
+// apt-get download --print-uris writes.
+func parsePrintURIs(out []byte) (debInfo, error) {
+	fields := strings.Fields(string(out))
+	if len(fields) != 4 {
+		return debInfo{}, fmt.Errorf("apt-get download --print-uris said %.200q, want one line of four fields", out)
+	}
+	size, err := strconv.ParseInt(fields[2], 10, 64)
+	sum, ok := strings.CutPrefix(fields[3], "SHA256:")
+	name := fields[1]
+	if err != nil || !ok || len(sum) != sha256.Size*2 || name != filepath.Base(name) || !strings.HasSuffix(name, ".deb") {
+		return debInfo{}, fmt.Errorf("apt-get download --print-uris said %.200q, want a .deb's name, size and SHA256", out)
+	}
+	return debInfo{Name: name, Size: size, SHA256: strings.ToLower(sum)}, nil
 }
 
 func extract(ctx context.Context, pkg, deb, dest string) error {

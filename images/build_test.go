@@ -4,6 +4,8 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
@@ -830,6 +832,100 @@ func TestTagOf(t *testing.T) {
 		}
 		if err != nil || got != tc.want {
 			t.Errorf("tagOf(%q) = %q, %v; want %q", tc.ref, got, err, tc.want)
+		}
+	}
+}
+
+// TestUnpackTakesOnlyWhatAptsIndexNames: with apt's index at hand, the
+// .deb it names is used, checked: a higher version planted in the cache is
+// not, nor a file under the right name with other bytes (it is removed and
+// downloaded again), nor a download that does not match.
+func TestUnpackTakesOnlyWhatAptsIndexNames(t *testing.T) {
+	const name = "busybox-static_1%3a1.36.1-9_amd64.deb"
+	const planted = "busybox-static_1%3a99.0-1_amd64.deb"
+	dir := t.TempDir()
+	good, evil := filepath.Join(dir, "good.deb"), filepath.Join(dir, "evil.deb")
+	makeDeb(t, good, "busybox-static", map[string]string{"usr/bin/busybox": "bb"})
+	makeDeb(t, evil, "busybox-static", map[string]string{"usr/bin/busybox": "evil"})
+	data, err := os.ReadFile(good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := os.ReadFile(evil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(data)
+	info := debInfo{Name: name, Size: int64(len(data)), SHA256: hex.EncodeToString(sum[:])}
+	tests := []struct {
+		name       string
+		cached     map[string][]byte
+		downloaded []byte
+		wantErr    string
+		wantCalls  int
+	}{
+		{"the named .deb cached", map[string][]byte{name: data, planted: other}, nil, "", 0},
+		{"a higher version planted", map[string][]byte{planted: other}, data, "", 1},
+		{"other bytes under the name", map[string][]byte{name: other}, data, "", 1},
+		{"a download that does not match", nil, other, "not what apt's index names", 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cache, dest := t.TempDir(), filepath.Join(t.TempDir(), "busybox-static")
+			for n, b := range tt.cached {
+				write(t, filepath.Join(cache, n), string(b), 0o644)
+			}
+			calls := 0
+			d := &debs{
+				cache: cache, arch: "amd64", uid: os.Getuid(),
+				download: func(ctx context.Context, dir, pkg string) error {
+					calls++
+					return os.WriteFile(filepath.Join(dir, name), tt.downloaded, 0o644)
+				},
+				index:    func(ctx context.Context, pkg string) (debInfo, error) { return info, nil },
+				progress: func(string, ...any) {},
+			}
+			err := d.unpack(context.Background(), "busybox-static", dest)
+			if calls != tt.wantCalls {
+				t.Errorf("downloads = %d, want %d", calls, tt.wantCalls)
+			}
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Errorf("err = %v, want one saying %q", err, tt.wantErr)
+				}
+				if _, err := os.Stat(filepath.Join(cache, name)); err == nil {
+					t.Error("the download that does not match is kept in the cache")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b, err := os.ReadFile(filepath.Join(dest, "usr", "bin", "busybox")); err != nil || string(b) != "bb" {
+				t.Errorf("unpacked busybox = %q, %v; want the named .deb's", b, err)
+			}
+		})
+	}
+}
+
+func TestParsePrintURIs(t *testing.T) {
+	const sum = "3d3fdbe91d4660c873e14b092c213fe81c1da6362daa236eb25d0171eb108744"
+	for _, tc := range []struct {
+		out  string
+		want debInfo
+		ok   bool
+	}{
+		{"'http://deb.debian.org/debian/pool/main/b/busybox/busybox-static_1.35.0-4%2bdeb12u1%2bb1_amd64.deb' busybox-static_1%3a1.35.0-4+deb12u1+b1_amd64.deb 928188 SHA256:" + sum + "\n",
+			debInfo{Name: "busybox-static_1%3a1.35.0-4+deb12u1+b1_amd64.deb", Size: 928188, SHA256: sum}, true},
+		{"", debInfo{}, false},
+		{"'u' x.deb 12 MD5Sum:0123", debInfo{}, false},
+		{"'u' ../x.deb 12 SHA256:" + sum, debInfo{}, false},
+		{"'u' x.deb many SHA256:" + sum, debInfo{}, false},
+		{"'u' x.deb 1 SHA256:" + sum + "\n'v' y.deb 1 SHA256:" + sum, debInfo{}, false},
+	} {
+		got, err := parsePrintURIs([]byte(tc.out))
+		if (err == nil) != tc.ok || got != tc.want {
+			t.Errorf("parsePrintURIs(%q) = %+v, %v; want %+v, ok %v", tc.out, got, err, tc.want, tc.ok)
 		}
 	}
 }
