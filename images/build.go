@@ -76,7 +76,7 @@ func (b *Builder) Ensure(ctx context.Context, ref string) error {
 		return fmt.Errorf("inspect image %s: %w", ref, sandbox.EngineError(err))
 	}
 	if ref != DefaultRef {
-		return fmt.Errorf("image %s is missing and no registry can be pulled from: build it with `docker build -t %s`, load it with `docker load`, or use the default image %s (`sandboxd image build`)", ref, ref, DefaultRef)
+		return fmt.Errorf("image %s is not on the engine, and sandboxd never pulls one: pull it first (`docker pull %s`), build or load it, or use the default image %s (`sandboxd image build`)", ref, ref, DefaultRef)
 	}
 	b.progress("image %s not found; building it now (once)", ref)
 	_, err = b.Build(ctx, ref)

@@ -54,6 +54,9 @@ func TestBadRequestsLeaveOthersAlone(t *testing.T) {
 		{"params not an object", "terminal/create", []string{"x"}, -32602, "params"},
 		{"relative cwd", "terminal/create", map[string]any{"sessionId": "good", "command": "true", "cwd": "sub"}, -32602, "cwd"},
 		{"cwd outside the workspace", "terminal/create", map[string]any{"sessionId": "good", "command": "true", "cwd": "/etc"}, -32602, "cwd"},
+		{"cwd that does not exist", "terminal/create", map[string]any{"sessionId": "good", "command": "true", "cwd": ws + "/nope"}, -32602, "nope"},
+		{"a new session in a cwd that does not exist", "terminal/create", map[string]any{"sessionId": "other", "command": "true", "cwd": ws + "/nope"}, -32602, "nope"},
+		{"open in a cwd that does not exist", "_sandboxd/session/open", map[string]any{"sessionId": "x", "cwd": ws + "/nope"}, -32602, "nope"},
 		{"cwd escaping with ..", "terminal/create", map[string]any{"sessionId": "good", "command": "true", "cwd": ws + "/../.."}, -32602, "cwd"},
 		// sh's exec would take it as an option: "illegal option", or in
 		// bash -c's empty environment for the next word.
@@ -113,7 +116,7 @@ func TestMissingImageAndEngineSaySo(t *testing.T) {
 	cfg := filepath.Join(dir, "missing-image.toml")
 	writeFile(t, cfg, "[session]\nimage = \"sandboxd/does-not-exist:1\"\n")
 	out, err := exec.Command(testEnv.bin, "serve", "--config", cfg).CombinedOutput()
-	if err == nil || !strings.Contains(string(out), "sandboxd/does-not-exist:1") || !strings.Contains(string(out), "docker load") {
+	if err == nil || !strings.Contains(string(out), "sandboxd/does-not-exist:1") || !strings.Contains(string(out), "docker pull") {
 		t.Errorf("serve with a missing image: err %v, output %q; want a failure that names the image and what to run", err, out)
 	}
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -350,7 +351,14 @@ func (m *Manager) refillSpare() {
 		err := s.start(m.ctx)
 		s.markReady(err)
 		if err != nil {
-			if m.ctx.Err() == nil {
+			switch {
+			case m.ctx.Err() != nil:
+			case errors.Is(err, ErrInvalid):
+				// The served workspace is one no session may have (wrap
+				// started in / or the home directory): the sessions the
+				// editor names will say so if they name it.
+				m.log.Debug("no spare container", "err", err)
+			default:
 				m.log.Warn("start spare container", "err", err)
 			}
 			return
@@ -655,11 +663,14 @@ func (m *Manager) reapIdle(timeout time.Duration) {
 	}
 }
 
-// engineError turns "cannot connect" into a message that says what to do.
 // EngineError adds to an error that says the engine could not be reached
-// what to do about it.
+// what to do about it: a socket the user may not use is the commonest
+// case, and starting the engine would not help there.
 func EngineError(err error) error {
-	if client.IsErrConnectionFailed(err) {
+	switch {
+	case client.IsErrConnectionFailed(err) && errors.Is(err, fs.ErrPermission):
+		return fmt.Errorf("%w (your user may not use the engine's socket: add it to the docker group, `sudo usermod -aG docker $USER`, then log in again; or point DOCKER_HOST at an engine you may use)", err)
+	case client.IsErrConnectionFailed(err):
 		return fmt.Errorf("%w (is the Docker Engine running? start it with `sudo systemctl start docker`, or point DOCKER_HOST at a running engine)", err)
 	}
 	return err

@@ -193,7 +193,7 @@ func ValidateSpec(cfg Config, hostCPUs int, spec SessionSpec) (SessionSpec, erro
 		if c.Network != "none" {
 			allowed = fmt.Sprintf(`%q or "none"`, c.Network)
 		}
-		return spec, fmt.Errorf("%w: network: %.200q is not allowed; use %s", ErrInvalid, spec.Network, allowed)
+		return spec, fmt.Errorf("%w: network: %.200q is not allowed; use %s (the configuration's session.network allows one, in a --config file)", ErrInvalid, spec.Network, allowed)
 	}
 	l := c.Limits()
 	if spec.Limits.CPUs != 0 {
@@ -229,10 +229,25 @@ func checkDir(spec SessionSpec) (string, error) {
 	dir := filepath.Clean(spec.Dir)
 	for _, root := range append([]string{spec.Workspace}, spec.ExtraDirs...) {
 		if Within(filepath.Clean(root), dir) {
-			return dir, nil
+			return dir, isDir(dir)
 		}
 	}
 	return "", fmt.Errorf("%w: cwd: %.200q is outside the session's workspace %s", ErrInvalid, spec.Dir, spec.Workspace)
+}
+
+// isDir refuses a cwd in a session directory that is no directory: the
+// container shows those directories at their host paths, and the engine
+// would otherwise fail the command with runc's "chdir to cwd ... failed"
+// (and a session opened with it, every command that names no cwd).
+func isDir(dir string) error {
+	fi, err := os.Stat(dir)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w: cwd: %v", ErrInvalid, err)
+	case !fi.IsDir():
+		return fmt.Errorf("%w: cwd: %.200q is not a directory", ErrInvalid, dir)
+	}
+	return nil
 }
 
 // checkMountSource refuses to bind-mount dir when it is, holds or lies in
@@ -246,7 +261,7 @@ func checkMountSource(dir, engineSocket string, private []string) (real string, 
 		return "", fmt.Errorf("%w: workspace: %v", ErrInvalid, err)
 	}
 	if real == "/" {
-		return "", fmt.Errorf("%w: workspace: %.200q is the host's root directory; run sandboxd in a project directory", ErrInvalid, dir)
+		return "", fmt.Errorf("%w: workspace: %.200q is the host's root directory, which no sandbox may see; use a project directory", ErrInvalid, dir)
 	}
 	// Removable media are mounted under /run/media, and a project may
 	// well live there.

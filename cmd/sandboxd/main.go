@@ -460,9 +460,9 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	}
 	var resize <-chan console.Size
 	if tty {
-		cmd.TTY, cmd.Stderr = true, nil
 		// The size is that of the terminal the user sees: the input's,
-		// else the output's.
+		// else the output's; with neither, a terminal's usual 80x24.
+		cmd.TTY, cmd.Stderr, cmd.Cols, cmd.Rows = true, nil, 80, 24
 		for _, f := range []any{stdin, stdout} {
 			if f, ok := f.(*os.File); ok && console.IsTerminal(int(f.Fd())) {
 				// Watched first: a change while the size is read is
