@@ -17,9 +17,10 @@ import (
 // TestRunPassesStdinWhenAsked: -i gives the command sandboxd's stdin, to
 // its end; without -i the command's input is empty, so sandboxd in a loop
 // that reads a file leaves the rest of it to the loop. -t without a
-// terminal to take the size of is 80x24.
+// terminal to take the size of is 80x24. -e and -w work as in docker run.
 func TestRunPassesStdinWhenAsked(t *testing.T) {
 	ws := workspace(t)
+	subdir(t, ws, "sub")
 	tests := []struct {
 		name   string
 		args   []string
@@ -30,6 +31,7 @@ func TestRunPassesStdinWhenAsked(t *testing.T) {
 		{"with -i", []string{"-i", "--", "tr", "a-z", "A-Z"}, "HELLO\nWORLD\n", 0, ""},
 		{"without -i", []string{"--", "cat"}, "", 0, ""},
 		{"-it without a terminal", []string{"-it", "--", "cat"}, "", 2, "stdin is not a terminal"},
+		{"-e and -w", []string{"-e", "A=1", "-e", "HOME", "-e", "SANDBOXD_UNSET_X", "-w", "sub", "--", "sh", "-c", `echo "$A $HOME ${SANDBOXD_UNSET_X-unset}"; pwd`}, "1 " + os.Getenv("HOME") + " unset\n" + ws + "/sub\n", 0, ""},
 		// The size comes just after the start on API 1.41: asked until set.
 		{"-t without a terminal is 80x24", []string{"-t", "--", "sh", "-c", `for i in $(seq 200); do s=$(stty size 2>/dev/null); case "$s" in [1-9]*" "[1-9]*) break;; esac; sleep 0.05; done; echo "$s"`}, "24 80\r\n", 0, ""},
 	}

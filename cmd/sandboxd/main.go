@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"strings"
@@ -32,7 +33,7 @@ const usage = `sandboxd runs AI agents' shell commands in hardened per-session c
 Usage:
   sandboxd wrap [--config FILE] [--cpus N] [--memory SIZE] [--pids N] [--network NAME] [--image REF] [--agent-grace D] [--ahp-listen ADDR] [flags] -- AGENT [ARGS...]
   sandboxd serve [--listen stdio|unix:PATH] [--config FILE] [--ahp-listen ADDR] [flags]
-  sandboxd run [-i] [-t] [--cpus N] [--memory SIZE] [--pids N] [--network NAME] [--image REF] [--config FILE] [flags] -- CMD [ARGS...]
+  sandboxd run [-i] [-t] [-e NAME=VALUE] [-w DIR] [--cpus N] [--memory SIZE] [--pids N] [--network NAME] [--image REF] [--config FILE] [flags] -- CMD [ARGS...]
   sandboxd image build [--ref REF]
   sandboxd gc [--all]
   sandboxd config
@@ -414,6 +415,10 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	var sf sessionFlags
 	sf.register(fs)
 	var interactive, tty, both bool
+	var env stringList
+	var workdir string
+	fs.Var(&env, "e", "set `NAME=VALUE` in the command's environment (NAME alone: its value here, if set; repeatable)")
+	fs.StringVar(&workdir, "w", "", "run in `dir`, at or below the workspace (default: the workspace)")
 	fs.BoolVar(&interactive, "i", false, "pass stdin to the command")
 	fs.BoolVar(&tty, "t", false, "run the command on a terminal of the size of yours")
 	fs.BoolVar(&both, "it", false, "-i and -t: an interactive shell, say")
@@ -438,6 +443,20 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		return 0, err
 	}
 	spec.Workspace = wd
+	// Checked before the engine is asked, as every flag is.
+	argv := fs.Args()
+	cmd := sandbox.Command{Command: argv[0], Args: argv[1:], Cwd: wd, Stdout: stdout, Stderr: stderr}
+	if cmd.Env, err = envFlags(env); err != nil {
+		return 0, err
+	}
+	if workdir != "" {
+		if !filepath.IsAbs(workdir) {
+			workdir = filepath.Join(wd, workdir)
+		}
+		if cmd.Cwd = filepath.Clean(workdir); !sandbox.Within(wd, cmd.Cwd) {
+			return 0, usageError{fmt.Errorf("-w: %s is outside the workspace %s", cmd.Cwd, wd)}
+		}
+	}
 	log, closeLog, err := c.logger(stderr)
 	if err != nil {
 		return 0, err
@@ -453,8 +472,6 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		return 0, err
 	}
 	defer closeManager(m, log)
-	argv := fs.Args()
-	cmd := sandbox.Command{Command: argv[0], Args: argv[1:], Cwd: wd, Stdout: stdout, Stderr: stderr}
 	if interactive {
 		cmd.Stdin = stdin
 	}
@@ -512,6 +529,26 @@ func cmdImage(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	b := images.Builder{Client: cli, Progress: stderr}
 	_, err = b.Build(ctx, *ref)
 	return err
+}
+
+// envFlags reads run's -e values as docker run does: NAME=VALUE, or NAME
+// alone for the value it has here (left out when it has none).
+func envFlags(values []string) ([]sandbox.EnvVar, error) {
+	var env []sandbox.EnvVar
+	for _, v := range values {
+		name, value, ok := strings.Cut(v, "=")
+		if !ok {
+			if value, ok = os.LookupEnv(name); !ok {
+				continue
+			}
+		}
+		e := sandbox.EnvVar{Name: name, Value: value}
+		if err := sandbox.CheckEnvVar("env", e); err != nil {
+			return nil, usageError{fmt.Errorf("-e %.200q: %w", v, err)}
+		}
+		env = append(env, e)
+	}
+	return env, nil
 }
 
 // cmdPrint is a command without flags or arguments that prints text.
