@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -227,6 +228,16 @@ func TokenFile(addr net.Addr) (string, error) {
 		port = t.Port
 	}
 	return filepath.Join(dir, fmt.Sprintf("ahp-token-%d", port)), nil
+}
+
+// URL is the address a client on this host connects to for a server
+// listening on addr: one listening on every interface is reached on
+// loopback (listening on :: takes IPv4 too).
+func URL(addr net.Addr) string {
+	if tcp, ok := addr.(*net.TCPAddr); ok && tcp.IP.IsUnspecified() {
+		return "ws://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(tcp.Port)) + "/"
+	}
+	return "ws://" + addr.String() + "/"
 }
 
 // TokenDir is the directory of TokenFile: sandboxd's in the user's cache

@@ -1446,3 +1446,20 @@ func TestSubscribeAnswerIsTheStateWhenAsked(t *testing.T) {
 		t.Errorf("answer %s, want the state with before and without after", got)
 	}
 }
+
+func TestURL(t *testing.T) {
+	for _, tc := range []struct {
+		addr net.Addr
+		want string
+	}{
+		{&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 7681}, "ws://127.0.0.1:7681/"},
+		{&net.TCPAddr{IP: net.IPv6loopback, Port: 7681}, "ws://[::1]:7681/"},
+		{&net.TCPAddr{IP: net.IPv4zero, Port: 7681}, "ws://127.0.0.1:7681/"},
+		{&net.TCPAddr{IP: net.IPv6unspecified, Port: 7681}, "ws://127.0.0.1:7681/"},
+		{&net.TCPAddr{IP: net.IPv4(192, 168, 1, 2), Port: 80}, "ws://192.168.1.2:80/"},
+	} {
+		if got := URL(tc.addr); got != tc.want {
+			t.Errorf("URL(%v) = %q, want %q", tc.addr, got, tc.want)
+		}
+	}
+}

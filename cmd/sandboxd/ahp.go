@@ -64,6 +64,7 @@ func (a *ahpFlags) start(ctx context.Context, terms *acp.Terminals, workspace st
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		started := false
 		err := srv.Listen(ctx, a.listen, func(addr net.Addr) error {
 			var err error
 			if file, err = a.tokenPath(addr); err != nil {
@@ -72,12 +73,18 @@ func (a *ahpFlags) start(ctx context.Context, terms *acp.Terminals, workspace st
 			if err := ahp.WriteToken(file, token); err != nil {
 				return err
 			}
-			fmt.Fprintf(stderr, "sandboxd: AHP terminal channel on ws://%s/ (bearer token in %s)\n", addr, file)
+			fmt.Fprintf(stderr, "sandboxd: AHP terminal channel on %s (bearer token in %s)\n", ahp.URL(addr), file)
+			if tcp, ok := addr.(*net.TCPAddr); ok && !tcp.IP.IsLoopback() {
+				fmt.Fprintf(stderr, "sandboxd: warning: %s is reachable from other hosts; whoever can reach it with the token gets a shell in the sandbox\n", tcp)
+			}
+			started = true
 			ready <- nil
 			return nil
 		})
-		if err != nil {
-			ready <- err
+		switch {
+		case err != nil && !started:
+			ready <- err // the command reports it
+		case err != nil:
 			log.Error("ahp", "err", err)
 		}
 	}()
