@@ -218,3 +218,24 @@ func TestOwnFilesInTheWorkspaceAreRefused(t *testing.T) {
 		t.Error("the log was written through the link")
 	}
 }
+
+// TestRootsWorkspaceSaysWhyCommandsCannotWrite: in a workspace root owns,
+// commands run as the fallback user, and sandboxd says so, since writes
+// then fail for a reason the sandbox does not show.
+func TestRootsWorkspaceSaysWhyCommandsCannotWrite(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to own a workspace")
+	}
+	ws := t.TempDir()
+	if err := os.Chmod(ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(testEnv.bin, "run", "--config", testEnv.config, "--", "id", "-u")
+	cmd.Dir = ws
+	var stdout, stderr lockedBuffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil || stdout.String() != "65534\n" || !strings.Contains(stderr.String(), "the workspace is root's") {
+		t.Errorf("%v, stdout %q, stderr %q; want uid 65534 and the warning", err, stdout.String(), stderr.String())
+	}
+	assertNoContainers(t, cmd.Process.Pid)
+}

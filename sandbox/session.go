@@ -656,6 +656,12 @@ func (s *Session) start(ctx context.Context) error {
 		checks = append(checks, mountCheck{target: d, dev: uint64(st.Dev), ino: st.Ino, known: m.writableByAnother(s, r)})
 	}
 	user := sessionUser(m.cfg.Session, owner)
+	if m.cfg.Session.User == "" && user == m.cfg.Session.FallbackUser && spec.ID != "spare" {
+		// Warned, since commands then cannot write the workspace, which
+		// would look like a fault of the sandbox.
+		m.log.Warn("the workspace is root's (or an owner the engine cannot run as): commands run as session.fallback_user and cannot write it unless it lets them; set session.user, or chown the directory",
+			"session", s.ID, "workspace", spec.Workspace, "user", user)
+	}
 	s.mu.Lock()
 	s.mountSources = real
 	s.mu.Unlock()
