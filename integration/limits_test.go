@@ -393,6 +393,9 @@ func TestRunDiesOfCtrlC(t *testing.T) {
 	if st, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !st.Signaled() || st.Signal() != syscall.SIGINT {
 		t.Errorf("sandboxd ended with %v, want death by SIGINT; stderr %q", cmd.ProcessState, stderr.String())
 	}
+	if !strings.Contains(stderr.String(), "sandboxd: stopping") {
+		t.Errorf("stderr %q, want it to say it is stopping", stderr.String())
+	}
 	assertNoContainers(t, cmd.Process.Pid)
 }
 

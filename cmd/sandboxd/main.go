@@ -156,6 +156,11 @@ func watchSignals(sigs <-chan os.Signal, cancel context.CancelCauseFunc, finishe
 	select {
 	case sig := <-sigs:
 		cancel(signalCause{sig})
+		if sig == os.Interrupt {
+			// A person pressed Ctrl-C: the command's grace period may
+			// be long, and sandboxd says what it is doing meanwhile.
+			fmt.Fprintln(stderr, "sandboxd: stopping (the command, then its container); Ctrl-C again, 2 s from now, stops at once")
+		}
 	case <-finished:
 		return
 	}
