@@ -198,12 +198,21 @@ func (p *Proxy) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	p.ctx = ctx
-	ended := make(chan error, 2)
-	go func() { ended <- p.fromEditor() }()
-	go func() { ended <- p.fromAgent() }()
+	fromEditor, fromAgent := make(chan error, 1), make(chan error, 1)
+	go func() { fromEditor <- p.fromEditor() }()
+	go func() { fromAgent <- p.fromAgent() }()
 	var why error
 	select {
-	case why = <-ended:
+	case why = <-fromEditor:
+		if errors.Is(why, ErrAgentClosed) {
+			// A write to the agent failed: it is gone, but what it
+			// wrote last may still be in its pipe, for the editor.
+			select {
+			case <-fromAgent:
+			case <-ctx.Done():
+			}
+		}
+	case why = <-fromAgent:
 	case <-ctx.Done():
 		why = ctx.Err()
 	}
@@ -382,8 +391,13 @@ func (p *Proxy) fromAgent() error {
 		p.flushEnded()
 		p.mu.Lock()
 		pending := len(p.sessionCalls) > 0
+		// While a tool call's terminals are shown as text, an update
+		// that replaces its content names no terminal, and the watch
+		// must hear of it, or its refreshes would put the old output
+		// back over the new content.
+		watching := len(p.textWatches) > 0
 		p.mu.Unlock()
-		if !pending && !mayNeedProxy(body) {
+		if !pending && !watching && !mayNeedProxy(body) {
 			if err := p.editor.writeRaw(line); err != nil {
 				return ErrEditorClosed
 			}
@@ -427,7 +441,7 @@ func (p *Proxy) fromAgent() error {
 			continue
 		case m.isResponse():
 			p.sessionAnswered(m)
-		case (m.Method == "session/update" || m.Method == "session/request_permission") && containsAny(m.Params, `terminal`, `\`):
+		case (m.Method == "session/update" || m.Method == "session/request_permission") && (watching || containsAny(m.Params, `terminal`, `\`)):
 			p.updates.Lock()
 			if out := p.rewriteTerminals(m, body); out != nil {
 				line = append(out, '\n')

@@ -12,6 +12,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -22,6 +24,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/sandboxd/sandboxd"
+	"github.com/sandboxd/sandboxd/limits"
 	"github.com/sandboxd/sandboxd/sandbox"
 )
 
@@ -1331,5 +1334,93 @@ func TestWrapProxyShowsARepeatedTerminalOnce(t *testing.T) {
 	}
 	if max := displayLimit + repeats*200; len(got) > max {
 		t.Errorf("line to the editor is %d bytes, want at most %d", len(got), max)
+	}
+}
+
+// TestWrapProxyStopsRefreshingReplacedContent: an update that replaces a
+// tool call's terminal with other content, naming no terminal, reaches the
+// editor, and no refresh of the terminal's output follows it.
+func TestWrapProxyStopsRefreshingReplacedContent(t *testing.T) {
+	e := newFakeEngine(t)
+	pp := startProxyWith(t, e.m)
+	pp.newSession(t, "s")
+	id := pp.createTerminal(t, ``)
+	send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c","content":[{"type":"terminal","terminalId":"`+id+`"}]}}}`+"\n")
+	if got := recv(t, pp.editor); !strings.Contains(got, `"type":"text"`) {
+		t.Fatalf("editor got %q, want the terminal as text", got)
+	}
+	replaced := `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call_update","toolCallId":"c","content":[{"type":"content","content":{"type":"text","text":"done"}}]}}}` + "\n"
+	send(t, pp.toProxyFromAgent, replaced)
+	if got := recv(t, pp.editor); got != replaced {
+		t.Fatalf("editor got %q, want the replacement as sent", got)
+	}
+	// The terminal prints and ends: a watch still running would show it
+	// before the agent's next line.
+	e.output <- []byte("late output\n")
+	close(e.output)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		s, err := e.m.Get(context.Background(), "test\x00s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if term, err := s.Terminal(id); err != nil || term.Exited() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the terminal did not end")
+		}
+	}
+	marker := `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"next"}}}}` + "\n"
+	send(t, pp.toProxyFromAgent, marker)
+	if got := recv(t, pp.editor); got != marker {
+		t.Errorf("editor got %q after the replacement, want the agent's next line", got)
+	}
+}
+
+// TestWrapRelaysTheAgentsLastLines: the agent wrote its last lines and
+// exited while the relay still waited for the editor to read the first;
+// a line of the editor's, whose write to the gone agent fails, must not
+// end the relay before the rest reached the editor.
+func TestWrapRelaysTheAgentsLastLines(t *testing.T) {
+	dir := t.TempDir()
+	exited := filepath.Join(dir, "exited")
+	// a is longer than the pipe holds, so b is written only once the relay
+	// has taken all of a, and stays in the pipe while the relay waits for
+	// the editor to read a.
+	script := `read l; printf '{"jsonrpc":"2.0","method":"a","params":{"pad":"%0200000d"}}\n' 0; echo '{"jsonrpc":"2.0","method":"b"}'; : > "$1"; exit 3`
+	edInR, edInW := io.Pipe()
+	edOutR, edOutW := io.Pipe()
+	done := make(chan int, 1)
+	go func() {
+		// Limits of their own: no spare container, so no manager needed.
+		terms := NewTerminals(nil, "t", "/", sandbox.SessionSpec{Limits: limits.Limits{Pids: 10}})
+		code, _ := Wrap(context.Background(), terms, pipeConn{edInR, edOutW}, Agent{Argv: []string{"sh", "-c", script, "sh", exited}, Stderr: io.Discard, Grace: time.Second}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		done <- code
+	}()
+	io.WriteString(edInW, `{"jsonrpc":"2.0","method":"x"}`+"\n")
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if _, err := os.Stat(exited); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the agent did not get to its end")
+		}
+	}
+	// Written to an agent that is gone (or about to be).
+	go io.WriteString(edInW, `{"jsonrpc":"2.0","method":"y"}`+"\n")
+	editor := bufio.NewReader(edOutR)
+	for _, want := range []string{`"method":"a"`, `"method":"b"`} {
+		if got := recv(t, editor); !strings.Contains(got, want) {
+			t.Fatalf("editor got %q, want the agent's line with %s", got, want)
+		}
+	}
+	edInW.Close()
+	select {
+	case code := <-done:
+		if code != 3 {
+			t.Errorf("wrap exited %d, want the agent's 3", code)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("wrap did not end")
 	}
 }
