@@ -226,6 +226,37 @@ func (p *Proxy) Run(ctx context.Context) error {
 	return why
 }
 
+// refuseBatch answers a batch from the editor, which ACP does not have:
+// passed on, its initialize would not be rewritten, nor its session calls
+// seen, and the agent's answer, an array, would be dropped (see
+// fromAgent). Each request in it gets InvalidRequest, in an array, as
+// JSON-RPC answers a batch.
+func (p *Proxy) refuseBatch(batch []byte) {
+	p.log.Warn("refused a batch from the editor")
+	var items []json.RawMessage
+	if json.Unmarshal(batch, &items) != nil || len(items) == 0 {
+		b, _ := marshal(map[string]any{"jsonrpc": "2.0", "id": nil, "error": errBatch})
+		p.editor.writeLater(b)
+		return
+	}
+	var answers []any
+	for _, item := range items {
+		var m struct {
+			ID json.RawMessage `json:"id"`
+		}
+		if json.Unmarshal(item, &m) == nil && len(m.ID) > 0 {
+			answers = append(answers, map[string]any{"jsonrpc": "2.0", "id": m.ID, "error": errBatch})
+		}
+	}
+	if len(answers) == 0 {
+		return // notifications only: nothing to answer
+	}
+	b, _ := marshal(answers)
+	p.editor.writeLater(b)
+}
+
+var errBatch = &jsonrpc2.Error{Code: CodeInvalidRequest, Message: "invalid request: batches are not supported"}
+
 // mayConcernProxy reports whether an editor line may be one of the
 // requests the proxy looks into; every other line is forwarded without
 // being decoded. As with mayNeedProxy, a line with an escape in it may
@@ -299,6 +330,10 @@ func (p *Proxy) fromEditor() error {
 		line, err := p.next(p.editor, "editor", ErrEditorClosed)
 		if err != nil {
 			return err
+		}
+		if body := bytes.TrimLeft(line, " \t"); len(body) > 0 && body[0] == '[' {
+			p.refuseBatch(trimEOL(body))
+			continue
 		}
 		if mayConcernProxy(line) {
 			var m message

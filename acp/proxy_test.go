@@ -1424,3 +1424,25 @@ func TestWrapRelaysTheAgentsLastLines(t *testing.T) {
 		t.Fatal("wrap did not end")
 	}
 }
+
+// TestWrapProxyRefusesEditorBatches: a batch from the editor (ACP has none)
+// is not passed on, where its initialize would go unrewritten and the
+// agent's array answer be dropped: each request in it is answered
+// InvalidRequest, in an array.
+func TestWrapProxyRefusesEditorBatches(t *testing.T) {
+	pp := startProxy(t)
+	send(t, pp.toProxyFromEditor, `[{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}},{"jsonrpc":"2.0","method":"n"},{"jsonrpc":"2.0","id":"two","method":"x"}]`+"\n")
+	got := recv(t, pp.editor)
+	var answers []struct {
+		ID    json.RawMessage `json:"id"`
+		Error struct{ Code int }
+	}
+	if err := json.Unmarshal([]byte(got), &answers); err != nil || len(answers) != 2 || string(answers[0].ID) != "1" || string(answers[1].ID) != `"two"` || answers[0].Error.Code != -32600 || answers[1].Error.Code != -32600 {
+		t.Errorf("editor got %q, want -32600 for ids 1 and \"two\" in an array", got)
+	}
+	// Nothing reached the agent: the next line it gets is the next one.
+	send(t, pp.toProxyFromEditor, `{"jsonrpc":"2.0","method":"after"}`+"\n")
+	if got := recv(t, pp.agent); !strings.Contains(got, `"after"`) {
+		t.Errorf("agent got %q, want only the line after the batch", got)
+	}
+}

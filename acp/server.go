@@ -275,7 +275,7 @@ func (s *LineStream) ReadObject(v any) error {
 		if err := json.Unmarshal(line, v); err != nil {
 			msg := "invalid request: not a JSON-RPC 2.0 message (an id is a number or a string, a method a string, params an object)"
 			if first[0] == '[' {
-				msg = "invalid request: batches are not supported"
+				msg = errBatch.Message
 			}
 			// The id as the peer wrote it, not as rewritten above.
 			s.replyError(id, CodeInvalidRequest, msg)
