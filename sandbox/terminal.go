@@ -182,33 +182,43 @@ func CheckEnvVar(field string, e EnvVar) error {
 	return CheckString(field, e.Name+"="+e.Value)
 }
 
-// validate checks a command against the session and configuration and
-// returns the cwd and output limit it will run with.
-func (s *Session) validate(c Command) (cwd string, limit int, err error) {
+// Check refuses a command that cannot run as given, whatever the session:
+// an empty or option-like command, strings execve cannot take, a reserved
+// or malformed environment variable.
+func (c Command) Check() error {
 	if c.Command == "" {
-		return "", 0, fmt.Errorf("%w: command: must not be empty", ErrInvalid)
+		return fmt.Errorf("%w: command: must not be empty", ErrInvalid)
 	}
 	if err := CheckString("command", c.Command); err != nil {
-		return "", 0, err
+		return err
 	}
 	if c.Command[0] == '-' {
 		// sh's exec (mergeStderr) would take it as an option of its own,
 		// and dash's takes no "--" to say otherwise; no program is named
 		// so.
-		return "", 0, fmt.Errorf("%w: command: %.200q starts with '-'", ErrInvalid, c.Command)
+		return fmt.Errorf("%w: command: %.200q starts with '-'", ErrInvalid, c.Command)
 	}
 	for i, a := range c.Args {
 		if err := CheckString(fmt.Sprintf("args[%d]", i), a); err != nil {
-			return "", 0, err
+			return err
 		}
 	}
 	for i, e := range c.Env {
 		if err := CheckEnvVar(fmt.Sprintf("env[%d]", i), e); err != nil {
-			return "", 0, err
+			return err
 		}
 	}
 	if n := execBytes(c); n > maxExecBytes {
-		return "", 0, fmt.Errorf("%w: command, args and env together take %d bytes, more than the %d a command may be given (Linux's ARG_MAX, less what sandboxd adds)", ErrInvalid, n, maxExecBytes)
+		return fmt.Errorf("%w: command, args and env together take %d bytes, more than the %d a command may be given (Linux's ARG_MAX, less what sandboxd adds)", ErrInvalid, n, maxExecBytes)
+	}
+	return nil
+}
+
+// validate checks a command against the session and configuration and
+// returns the cwd and output limit it will run with.
+func (s *Session) validate(c Command) (cwd string, limit int, err error) {
+	if err := c.Check(); err != nil {
+		return "", 0, err
 	}
 	cwd = s.Dir()
 	if c.Cwd != "" {

@@ -454,6 +454,9 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	if cmd.Env, err = envFlags(env); err != nil {
 		return 0, err
 	}
+	if err := cmd.Check(); err != nil {
+		return 0, usageError{err}
+	}
 	if workdir != "" {
 		if !filepath.IsAbs(workdir) {
 			workdir = filepath.Join(wd, workdir)
