@@ -24,6 +24,10 @@ import (
 // open.
 const drainTimeout = time.Second
 
+// lastLinesTimeout is how long the relay may still take, once the agent and
+// its group are gone, to hand its last lines to an editor slow to read them.
+const lastLinesTimeout = 10 * time.Second
+
 // Agent says how to start the agent a wrap contains.
 type Agent struct {
 	Argv   []string
@@ -105,6 +109,11 @@ func Wrap(ctx context.Context, terms *Terminals, editor io.ReadWriteCloser, agen
 	var why error
 	relayed := false // Run has returned
 	agentExited, drain := exited, (<-chan time.Time)(nil)
+	// groupStopped is closed once what the agent left in its group has
+	// been stopped, after the agent exited and the relay did not end.
+	var groupStopped chan struct{}
+	var groupDone <-chan struct{}
+	editorGone := false
 	for why == nil {
 		select {
 		case why = <-ended:
@@ -119,16 +128,35 @@ func Wrap(ctx context.Context, terms *Terminals, editor io.ReadWriteCloser, agen
 			// The relay reads what the editor left and ends; unless it
 			// cannot, for it waits to write to an agent that reads
 			// nothing, when the editor is gone all the same.
-			hangup = nil
+			hangup, editorGone = nil, true
 			if drain == nil {
 				drain = time.After(drainTimeout)
 			}
 		case <-drain:
+			if agentExited == nil && !editorGone && groupStopped == nil {
+				// The agent exited, the editor is there, and the relay
+				// goes on: children of the agent hold the pipe, or the
+				// editor is slow to read its last lines. Once the group
+				// is stopped the pipe ends when what is in it has been
+				// relayed, which a slow editor then still gets.
+				groupStopped = make(chan struct{})
+				go func() {
+					stopAgent(pid, exited, agent.Grace)
+					close(groupStopped)
+				}()
+				drain, groupDone = nil, groupStopped
+				continue
+			}
 			why = ErrEditorClosed
 			if agentExited == nil {
 				why = ErrAgentClosed
 			}
+		case <-groupDone:
+			groupDone, drain = nil, time.After(lastLinesTimeout)
 		}
+	}
+	if groupStopped != nil {
+		<-groupStopped
 	}
 	agentIn.Close()
 	if errors.Is(why, ErrAgentClosed) && !waitExit(exited, agent.Grace) {
