@@ -210,6 +210,9 @@ func (p *Proxy) Run(ctx context.Context) error {
 			select {
 			case <-fromAgent:
 			case <-ctx.Done():
+			case <-time.After(lastLinesTimeout):
+				// An agent that closed its input but keeps its output
+				// open, and runs on.
 			}
 		}
 	case why = <-fromAgent:
@@ -234,17 +237,25 @@ func (p *Proxy) Run(ctx context.Context) error {
 func (p *Proxy) refuseBatch(batch []byte) {
 	p.log.Warn("refused a batch from the editor")
 	var items []json.RawMessage
-	if json.Unmarshal(batch, &items) != nil || len(items) == 0 {
-		b, _ := marshal(map[string]any{"jsonrpc": "2.0", "id": nil, "error": errBatch})
+	if err := json.Unmarshal(batch, &items); err != nil || len(items) == 0 {
+		rerr := errBatch
+		if err != nil {
+			rerr = &jsonrpc2.Error{Code: CodeParseError, Message: "parse error: " + err.Error()}
+		}
+		b, _ := marshal(map[string]any{"jsonrpc": "2.0", "id": nil, "error": rerr})
 		p.editor.writeLater(b)
 		return
 	}
 	var answers []any
 	for _, item := range items {
+		// Requests only: a response in it (the editor's answer to the
+		// agent) carries the agent's id, which may be one of the
+		// editor's own.
 		var m struct {
-			ID json.RawMessage `json:"id"`
+			ID     json.RawMessage `json:"id"`
+			Method string          `json:"method"`
 		}
-		if json.Unmarshal(item, &m) == nil && len(m.ID) > 0 {
+		if json.Unmarshal(item, &m) == nil && len(m.ID) > 0 && m.Method != "" {
 			answers = append(answers, map[string]any{"jsonrpc": "2.0", "id": m.ID, "error": errBatch})
 		}
 	}

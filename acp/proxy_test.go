@@ -1443,7 +1443,9 @@ func TestWrapRelaysTheAgentsLastLines(t *testing.T) {
 // InvalidRequest, in an array.
 func TestWrapProxyRefusesEditorBatches(t *testing.T) {
 	pp := startProxy(t)
-	send(t, pp.toProxyFromEditor, `[{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}},{"jsonrpc":"2.0","method":"n"},{"jsonrpc":"2.0","id":"two","method":"x"}]`+"\n")
+	// The response in it (to the agent, under the agent's id) gets no
+	// answer: that id may be one of the editor's own.
+	send(t, pp.toProxyFromEditor, `[{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}},{"jsonrpc":"2.0","method":"n"},{"jsonrpc":"2.0","id":7,"result":{}},{"jsonrpc":"2.0","id":"two","method":"x"}]`+"\n")
 	got := recv(t, pp.editor)
 	var answers []struct {
 		ID    json.RawMessage `json:"id"`

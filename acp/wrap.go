@@ -152,11 +152,19 @@ func Wrap(ctx context.Context, terms *Terminals, editor io.ReadWriteCloser, agen
 				why = ErrAgentClosed
 			}
 		case <-groupDone:
-			groupDone, drain = nil, time.After(lastLinesTimeout)
+			groupDone = nil
+			if !editorGone {
+				drain = time.After(lastLinesTimeout)
+			}
 		}
 	}
 	if groupStopped != nil {
 		<-groupStopped
+	}
+	if errors.Is(why, ErrEditorClosed) && agentExited == nil {
+		// The agent had exited when the editor closed: its code is what
+		// the wrap ends with, whichever end the relay saw first.
+		why = ErrAgentClosed
 	}
 	agentIn.Close()
 	if errors.Is(why, ErrAgentClosed) && !waitExit(exited, agent.Grace) {

@@ -6,6 +6,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/sha256"
+	"crypto/sha512"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -318,9 +319,12 @@ type debs struct {
 
 // debInfo is a .deb as apt's index describes it.
 type debInfo struct {
-	Name   string // file name, as apt-get download writes it
-	Size   int64
-	SHA256 string // hex
+	Name string // file name, as apt-get download writes it
+	Size int64
+	// Hash is the strongest hash the index gives, hex: SHA256 (Debian)
+	// or SHA512 (lists that carry it, as Ubuntu's may).
+	Hash   string
+	SHA512 bool
 }
 
 // leftoverAge is how old a staging or download directory in the cache must
@@ -544,6 +548,9 @@ func matches(path string, info debInfo) error {
 	}
 	defer f.Close()
 	h := sha256.New()
+	if info.SHA512 {
+		h = sha512.New()
+	}
 	n, err := io.Copy(h, f)
 	if err != nil {
 		return err
@@ -551,8 +558,8 @@ func matches(path string, info debInfo) error {
 	if n != info.Size {
 		return fmt.Errorf("%d bytes, want %d", n, info.Size)
 	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != info.SHA256 {
-		return fmt.Errorf("SHA256 %s, want %s", got, info.SHA256)
+	if got := hex.EncodeToString(h.Sum(nil)); got != info.Hash {
+		return fmt.Errorf("hash %s, want %s", got, info.Hash)
 	}
 	return nil
 }
@@ -576,12 +583,16 @@ func parsePrintURIs(out []byte) (debInfo, error) {
 		return debInfo{}, fmt.Errorf("apt-get download --print-uris said %.200q, want one line of four fields", out)
 	}
 	size, err := strconv.ParseInt(fields[2], 10, 64)
-	sum, ok := strings.CutPrefix(fields[3], "SHA256:")
-	name := fields[1]
-	if err != nil || !ok || len(sum) != sha256.Size*2 || name != filepath.Base(name) || !strings.HasSuffix(name, ".deb") {
-		return debInfo{}, fmt.Errorf("apt-get download --print-uris said %.200q, want a .deb's name, size and SHA256", out)
+	algo, sum, _ := strings.Cut(fields[3], ":")
+	info := debInfo{Name: fields[1], Size: size, Hash: strings.ToLower(sum), SHA512: strings.EqualFold(algo, "SHA512")}
+	want := sha256.Size * 2
+	if info.SHA512 {
+		want = sha512.Size * 2
 	}
-	return debInfo{Name: name, Size: size, SHA256: strings.ToLower(sum)}, nil
+	if err != nil || !info.SHA512 && !strings.EqualFold(algo, "SHA256") || len(sum) != want || info.Name != filepath.Base(info.Name) || !strings.HasSuffix(info.Name, ".deb") {
+		return debInfo{}, fmt.Errorf("apt-get download --print-uris said %.200q, want a .deb's name, size and SHA256 or SHA512", out)
+	}
+	return info, nil
 }
 
 func extract(ctx context.Context, pkg, deb, dest string) error {

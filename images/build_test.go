@@ -856,7 +856,7 @@ func TestUnpackTakesOnlyWhatAptsIndexNames(t *testing.T) {
 		t.Fatal(err)
 	}
 	sum := sha256.Sum256(data)
-	info := debInfo{Name: name, Size: int64(len(data)), SHA256: hex.EncodeToString(sum[:])}
+	info := debInfo{Name: name, Size: int64(len(data)), Hash: hex.EncodeToString(sum[:])}
 	tests := []struct {
 		name       string
 		cached     map[string][]byte
@@ -916,7 +916,9 @@ func TestParsePrintURIs(t *testing.T) {
 		ok   bool
 	}{
 		{"'http://deb.debian.org/debian/pool/main/b/busybox/busybox-static_1.35.0-4%2bdeb12u1%2bb1_amd64.deb' busybox-static_1%3a1.35.0-4+deb12u1+b1_amd64.deb 928188 SHA256:" + sum + "\n",
-			debInfo{Name: "busybox-static_1%3a1.35.0-4+deb12u1+b1_amd64.deb", Size: 928188, SHA256: sum}, true},
+			debInfo{Name: "busybox-static_1%3a1.35.0-4+deb12u1+b1_amd64.deb", Size: 928188, Hash: sum}, true},
+		{"'u' x.deb 12 SHA512:" + strings.Repeat("AB", 64), debInfo{Name: "x.deb", Size: 12, Hash: strings.Repeat("ab", 64), SHA512: true}, true},
+		{"'u' x.deb 12 SHA512:" + sum, debInfo{}, false},
 		{"", debInfo{}, false},
 		{"'u' x.deb 12 MD5Sum:0123", debInfo{}, false},
 		{"'u' ../x.deb 12 SHA256:" + sum, debInfo{}, false},

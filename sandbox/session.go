@@ -229,17 +229,17 @@ func checkDir(spec SessionSpec) (string, error) {
 	dir := filepath.Clean(spec.Dir)
 	for _, root := range append([]string{spec.Workspace}, spec.ExtraDirs...) {
 		if Within(filepath.Clean(root), dir) {
-			return dir, isDir(dir)
+			return dir, CheckDir(dir)
 		}
 	}
 	return "", fmt.Errorf("%w: cwd: %.200q is outside the session's workspace %s", ErrInvalid, spec.Dir, spec.Workspace)
 }
 
-// isDir refuses a cwd in a session directory that is no directory: the
+// CheckDir refuses a cwd in a session directory that is no directory: the
 // container shows those directories at their host paths, and the engine
 // would otherwise fail the command with runc's "chdir to cwd ... failed"
 // (and a session opened with it, every command that names no cwd).
-func isDir(dir string) error {
+func CheckDir(dir string) error {
 	fi, err := os.Stat(dir)
 	switch {
 	case err != nil:
@@ -656,7 +656,7 @@ func (s *Session) start(ctx context.Context) error {
 		checks = append(checks, mountCheck{target: d, dev: uint64(st.Dev), ino: st.Ino, known: m.writableByAnother(s, r)})
 	}
 	user := sessionUser(m.cfg.Session, owner)
-	if m.cfg.Session.User == "" && user == m.cfg.Session.FallbackUser && spec.ID != "spare" {
+	if m.cfg.Session.User == "" && user == m.cfg.Session.FallbackUser {
 		// Warned, since commands then cannot write the workspace, which
 		// would look like a fault of the sandbox.
 		m.log.Warn("the workspace is root's (or an owner the engine cannot run as): commands run as session.fallback_user and cannot write it unless it lets them; set session.user, or chown the directory",

@@ -24,6 +24,7 @@ func TestCommandLineErrors(t *testing.T) {
 		{[]string{"run", "-e", "SANDBOXD_TERMINAL=x", "--", "true"}, 2, "SANDBOXD_TERMINAL is reserved"},
 		{[]string{"run", "-w", "/", "--", "true"}, 2, "-w: / is outside the workspace"},
 		{[]string{"run", "--", ""}, 2, "command: must not be empty"},
+		{[]string{"run", "-w", "no-such-dir", "--", "true"}, 2, "-w: invalid request: cwd: stat"},
 		{[]string{"run", "--", "-h"}, 2, "starts with '-'"},
 		{[]string{"run", "-i", "-t", "--", "sh"}, 2, "-i with -t: stdin is not a terminal"},
 		{[]string{"run", "--pids", "0", "--", "true"}, 2, "--pids: invalid pids limit \"0\": must be at least 8"},
