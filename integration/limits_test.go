@@ -265,6 +265,7 @@ func TestRunPassesExitCodeAndOutput(t *testing.T) {
 		{"signal is 128+n", []string{"--", "sh", "-c", "kill -KILL $$"}, 137, "", ""},
 		{"limits apply", []string{"--cpus", "0.5", "--pids", "32", "--", "cat", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/pids/pids.max"}, 0, "50000\n32\n", ""},
 		{"workspace is the current directory", []string{"--", "pwd"}, 0, ws + "\n", ""},
+		{"a command the image lacks", []string{"--", "nosuchcmd", "x"}, 127, "", "sandboxd: nosuchcmd: No such file or directory (in sandboxd/base:1"},
 		{"bad flag value", []string{"--memory", "lots", "--", "true"}, 2, "", "--memory"},
 		{"no command", []string{}, 2, "", "no command"},
 		// sandboxd's own failure has a code apart from the command's.

@@ -1,10 +1,12 @@
 package sandbox
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"regexp"
 	"syscall"
 
 	"github.com/sandboxd/sandboxd/console"
@@ -31,6 +33,17 @@ func Run(ctx context.Context, m *Manager, spec SessionSpec, cmd Command, resize 
 		if *w != nil {
 			*w = pipeWriter{*w, cancel}
 		}
+	}
+	var reaperMsg *reaperMessage
+	if m.reaper && cmd.Stderr != nil {
+		image := spec.Image
+		if image == "" {
+			image = m.cfg.Session.Image
+		}
+		reaperMsg = &reaperMessage{w: cmd.Stderr, image: image}
+		cmd.Stderr = reaperMsg
+		// What it holds back goes out once the command is done.
+		defer reaperMsg.flush()
 	}
 	s, err := m.Open(ctx, "run\x00"+spec.ID, spec)
 	if err != nil {
@@ -117,4 +130,51 @@ func ExitCode(st ExitStatus) int {
 		}
 	}
 	return 255
+}
+
+// reaperMessage passes a command's stderr on, but says in sandboxd's words
+// what the reaper says in its own when the command cannot be started
+// ("[FATAL tini (7)] exec x failed: No such file or directory"): a name
+// of sandboxd's inner workings is no help to whoever typed x.
+type reaperMessage struct {
+	w     io.Writer
+	image string
+	head  []byte // the output's start, while it may still be that line
+	done  bool   // it is not, or was rewritten: the rest passes
+}
+
+var reaperFailure = regexp.MustCompile(`^\[FATAL tini \(\d+\)\] exec (.*) failed: (.*)\n`)
+
+func (r *reaperMessage) Write(p []byte) (int, error) {
+	if r.done {
+		return r.w.Write(p)
+	}
+	r.head = append(r.head, p...)
+	const prefix = "[FATAL tini ("
+	n := min(len(r.head), len(prefix))
+	nl := bytes.IndexByte(r.head, '\n')
+	if string(r.head[:n]) == prefix[:n] && nl < 0 && len(r.head) < 4096 {
+		return len(p), nil // more to come before it can tell
+	}
+	if err := r.flush(); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// flush writes what is held back, rewritten if it is the reaper's line,
+// and lets the rest pass.
+func (r *reaperMessage) flush() error {
+	r.done = true
+	head := r.head
+	r.head = nil
+	if m := reaperFailure.FindSubmatch(head); m != nil {
+		msg := fmt.Sprintf("sandboxd: %s: %s (in %s, whose PATH is searched)\n", m[1], m[2], r.image)
+		head = append([]byte(msg), head[len(m[0]):]...)
+	}
+	if len(head) == 0 {
+		return nil
+	}
+	_, err := r.w.Write(head)
+	return err
 }
