@@ -310,13 +310,11 @@ func TestOutputByteLimitOutOfRange(t *testing.T) {
 // is the host's root.
 func TestRunRefusesHostRuntimeDirectories(t *testing.T) {
 	for _, dir := range []string{"/run", "/"} {
-		cmd := exec.Command(testEnv.bin, "run", "--config", testEnv.config, "--", "true")
-		cmd.Dir = dir
-		out, err := cmd.CombinedOutput()
-		if err == nil || !strings.Contains(string(out), "workspace: \""+dir+"\"") {
-			t.Errorf("run in %s: %v, %s; want it refused, naming the workspace", dir, err, out)
+		r := runSandboxd(t, dir, nil, nil, "run", "--config", testEnv.config, "--", "true")
+		if r.code == 0 || !strings.Contains(r.output(), "workspace: \""+dir+"\"") {
+			t.Errorf("run in %s: exit %d, %s; want it refused, naming the workspace", dir, r.code, r.output())
 		}
-		assertNoContainers(t, cmd.Process.Pid)
+		assertNoContainers(t, r.pid)
 	}
 }
 

@@ -151,6 +151,31 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
+// ranSandboxd is how one `sandboxd` command ended.
+type ranSandboxd struct {
+	code           int
+	stdout, stderr string
+	pid            int
+}
+
+// output is what it wrote to either stream.
+func (r ranSandboxd) output() string { return r.stdout + r.stderr }
+
+// runSandboxd runs `sandboxd ARGS...` in dir to its end, with stdin (nil:
+// none) and env added to the test's environment.
+func runSandboxd(t testing.TB, dir string, stdin io.Reader, env []string, args ...string) ranSandboxd {
+	t.Helper()
+	cmd := exec.Command(testEnv.bin, args...)
+	cmd.Dir, cmd.Stdin = dir, stdin
+	cmd.Env = append(os.Environ(), env...)
+	var stdout, stderr lockedBuffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil && cmd.ProcessState == nil {
+		t.Fatal(err)
+	}
+	return ranSandboxd{code: cmd.ProcessState.ExitCode(), stdout: stdout.String(), stderr: stderr.String(), pid: cmd.Process.Pid}
+}
+
 // startServe starts `sandboxd serve` with the test config and the given
 // workspace as its working directory. Cleanup ends it and checks that it
 // left no container behind.

@@ -273,21 +273,17 @@ func TestRunPassesExitCodeAndOutput(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			cmd := exec.Command(testEnv.bin, append([]string{"run", "--config", testEnv.config}, tc.args...)...)
-			cmd.Dir = ws
-			var stdout, stderr strings.Builder
-			cmd.Stdout, cmd.Stderr = &stdout, &stderr
-			cmd.Run()
-			if code := cmd.ProcessState.ExitCode(); code != tc.code {
-				t.Errorf("exit code = %d, want %d (stderr %q)", code, tc.code, stderr.String())
+			r := runSandboxd(t, ws, nil, nil, append([]string{"run", "--config", testEnv.config}, tc.args...)...)
+			if r.code != tc.code {
+				t.Errorf("exit code = %d, want %d (stderr %q)", r.code, tc.code, r.stderr)
 			}
-			if stdout.String() != tc.stdout {
-				t.Errorf("stdout = %q, want %q", stdout.String(), tc.stdout)
+			if r.stdout != tc.stdout {
+				t.Errorf("stdout = %q, want %q", r.stdout, tc.stdout)
 			}
-			if !strings.Contains(stderr.String(), tc.stderrPart) {
-				t.Errorf("stderr = %q, want it to contain %q", stderr.String(), tc.stderrPart)
+			if !strings.Contains(r.stderr, tc.stderrPart) {
+				t.Errorf("stderr = %q, want it to contain %q", r.stderr, tc.stderrPart)
 			}
-			assertNoContainers(t, cmd.Process.Pid)
+			assertNoContainers(t, r.pid)
 		})
 	}
 }

@@ -37,16 +37,11 @@ func TestRunPassesStdinWhenAsked(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			cmd := exec.Command(testEnv.bin, append([]string{"run", "--config", testEnv.config}, tc.args...)...)
-			cmd.Dir = ws
-			cmd.Stdin = strings.NewReader("hello\nworld\n")
-			var stdout, stderr lockedBuffer
-			cmd.Stdout, cmd.Stderr = &stdout, &stderr
-			cmd.Run()
-			if code := cmd.ProcessState.ExitCode(); code != tc.code || stdout.String() != tc.stdout || !strings.Contains(stderr.String(), tc.stderr) {
-				t.Errorf("exit %d, stdout %q, stderr %q; want %d, %q, one naming %q", code, stdout.String(), stderr.String(), tc.code, tc.stdout, tc.stderr)
+			r := runSandboxd(t, ws, strings.NewReader("hello\nworld\n"), nil, append([]string{"run", "--config", testEnv.config}, tc.args...)...)
+			if r.code != tc.code || r.stdout != tc.stdout || !strings.Contains(r.stderr, tc.stderr) {
+				t.Errorf("exit %d, stdout %q, stderr %q; want %d, %q, one naming %q", r.code, r.stdout, r.stderr, tc.code, tc.stdout, tc.stderr)
 			}
-			assertNoContainers(t, cmd.Process.Pid)
+			assertNoContainers(t, r.pid)
 		})
 	}
 }
@@ -180,17 +175,14 @@ func TestOwnFilesInTheWorkspaceAreRefused(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			cmd := exec.Command(testEnv.bin, append(append([]string{"run"}, tc.args...), "--", "touch", "ran")...)
-			cmd.Dir = ws
-			cmd.Env = append(os.Environ(), tc.env)
-			out, _ := cmd.CombinedOutput()
-			if code := cmd.ProcessState.ExitCode(); code != 125 || !strings.Contains(string(out), "holds "+tc.want+", a file of sandboxd's own") {
-				t.Errorf("exit %d, output %q; want 125 naming %s", code, out, tc.want)
+			r := runSandboxd(t, ws, nil, []string{tc.env}, append(append([]string{"run"}, tc.args...), "--", "touch", "ran")...)
+			if r.code != 125 || !strings.Contains(r.output(), "holds "+tc.want+", a file of sandboxd's own") {
+				t.Errorf("exit %d, output %q; want 125 naming %s", r.code, r.output(), tc.want)
 			}
 			if _, err := os.Stat(filepath.Join(ws, "ran")); err == nil {
 				t.Error("the command ran")
 			}
-			assertNoContainers(t, cmd.Process.Pid)
+			assertNoContainers(t, r.pid)
 		})
 	}
 	// The log may lie there: it is opened neither through a link nor as
@@ -208,10 +200,8 @@ func TestOwnFilesInTheWorkspaceAreRefused(t *testing.T) {
 		log  string
 		code int
 	}{{log, 0}, {link, 2}, {fifo, 2}} {
-		cmd := exec.Command(testEnv.bin, "run", "--config", testEnv.config, "--log", tc.log, "--", "true")
-		cmd.Dir = ws
-		if out, _ := cmd.CombinedOutput(); cmd.ProcessState.ExitCode() != tc.code || tc.code != 0 && !strings.Contains(string(out), "--log") {
-			t.Errorf("log %s: exit %d, %q; want %d", tc.log, cmd.ProcessState.ExitCode(), out, tc.code)
+		if r := runSandboxd(t, ws, nil, nil, "run", "--config", testEnv.config, "--log", tc.log, "--", "true"); r.code != tc.code || tc.code != 0 && !strings.Contains(r.output(), "--log") {
+			t.Errorf("log %s: exit %d, %q; want %d", tc.log, r.code, r.output(), tc.code)
 		}
 	}
 	if _, err := os.Lstat(filepath.Join(ws, "elsewhere")); err == nil {
@@ -230,12 +220,9 @@ func TestRootsWorkspaceSaysWhyCommandsCannotWrite(t *testing.T) {
 	if err := os.Chmod(ws, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(testEnv.bin, "run", "--config", testEnv.config, "--", "id", "-u")
-	cmd.Dir = ws
-	var stdout, stderr lockedBuffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil || stdout.String() != "65534\n" || !strings.Contains(stderr.String(), "the workspace is root's") {
-		t.Errorf("%v, stdout %q, stderr %q; want uid 65534 and the warning", err, stdout.String(), stderr.String())
+	r := runSandboxd(t, ws, nil, nil, "run", "--config", testEnv.config, "--", "id", "-u")
+	if r.code != 0 || r.stdout != "65534\n" || !strings.Contains(r.stderr, "the workspace is root's") {
+		t.Errorf("exit %d, stdout %q, stderr %q; want uid 65534 and the warning", r.code, r.stdout, r.stderr)
 	}
-	assertNoContainers(t, cmd.Process.Pid)
+	assertNoContainers(t, r.pid)
 }

@@ -229,17 +229,17 @@ func checkDir(spec SessionSpec) (string, error) {
 	dir := filepath.Clean(spec.Dir)
 	for _, root := range append([]string{spec.Workspace}, spec.ExtraDirs...) {
 		if Within(filepath.Clean(root), dir) {
-			return dir, CheckDir(dir)
+			return dir, CheckIsDir(dir)
 		}
 	}
 	return "", fmt.Errorf("%w: cwd: %.200q is outside the session's workspace %s", ErrInvalid, spec.Dir, spec.Workspace)
 }
 
-// CheckDir refuses a cwd in a session directory that is no directory: the
+// CheckIsDir refuses a cwd in a session directory that is no directory: the
 // container shows those directories at their host paths, and the engine
 // would otherwise fail the command with runc's "chdir to cwd ... failed"
 // (and a session opened with it, every command that names no cwd).
-func CheckDir(dir string) error {
+func CheckIsDir(dir string) error {
 	fi, err := os.Stat(dir)
 	switch {
 	case err != nil:

@@ -232,7 +232,7 @@ func (s *Session) validate(c Command) (cwd string, limit int, err error) {
 		if !s.inMounts(cwd) {
 			return "", 0, fmt.Errorf("%w: cwd: %.200q is outside the session's workspace %s", ErrInvalid, c.Cwd, s.spec.Workspace)
 		}
-		if err := CheckDir(cwd); err != nil {
+		if err := CheckIsDir(cwd); err != nil {
 			return "", 0, err
 		}
 	}

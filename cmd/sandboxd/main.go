@@ -464,7 +464,7 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		if cmd.Cwd = filepath.Clean(workdir); !sandbox.Within(wd, cmd.Cwd) {
 			return 0, usageError{fmt.Errorf("-w: %s is outside the workspace %s", cmd.Cwd, wd)}
 		}
-		if err := sandbox.CheckDir(cmd.Cwd); err != nil {
+		if err := sandbox.CheckIsDir(cmd.Cwd); err != nil {
 			return 0, usageError{fmt.Errorf("-w: %w", err)}
 		}
 	}
