@@ -37,6 +37,10 @@ type Config struct {
 	// session's): a served workspace that holds one of Private, the
 	// user's home say, then refuses those sessions, not the start.
 	FallbackWorkspace bool `toml:"-"`
+
+	// file and text are where the configuration was read from, for
+	// messages about settings found wrong only once sandboxd starts.
+	file, text string
 }
 
 // ServedWorkspace returns the workspace of requests that name none:
@@ -288,6 +292,7 @@ func validated(cfg Config, file, text string, hostCPUs int) (Config, error) {
 	if err := cfg.validate(file, text, hostCPUs); err != nil {
 		return Config{}, err
 	}
+	cfg.file, cfg.text = file, text
 	s := &cfg.Session
 	s.Scratch = slices.Clone(s.Scratch)
 	for i, p := range s.Scratch {
@@ -318,6 +323,16 @@ func decodeConfig(cfg *Config, file, text string) error {
 			return &ConfigError{File: file, Line: line, Key: m[2], Err: errors.New(m[3])}
 		}
 		return &ConfigError{File: file, Err: err}
+	}
+	for _, k := range md.Keys() {
+		// The decoder matches names regardless of case, and takes the
+		// last of two spellings: mode = "ro" with MODE = "rw" beside it
+		// would mount read-write.
+		for _, part := range k {
+			if part != strings.ToLower(part) {
+				return &ConfigError{File: file, Line: keyLine(text, k.String()), Key: k.String(), Err: errors.New("unknown setting: settings are written in lower case")}
+			}
+		}
 	}
 	if und := md.Undecoded(); len(und) > 0 {
 		key := und[0].String()
@@ -363,7 +378,8 @@ func (c Config) validate(file, text string, hostCPUs int) error {
 		// Blamed on what the file set: the default, or else the maximum
 		// it lowered below the embedded default.
 		key := "session." + limitField(err)
-		if keyLine(text, key) == 0 && keyLine(text, "session.max."+limitField(err)) > 0 {
+		_, set := findKey(text, key)
+		if _, maxSet := findKey(text, "session.max."+limitField(err)); !set && maxSet {
 			key = "session.max." + limitField(err)
 		}
 		return bad(key, "%v", err)
@@ -452,6 +468,7 @@ func validateScratch(paths []string) error {
 // whose target checkContainerPath refuses, or whose target is a scratch
 // path's tmpfs.
 func validateMounts(mounts []Mount, scratch []string) error {
+	targets := make(map[string]string, len(mounts))
 	for _, m := range mounts {
 		if !filepath.IsAbs(m.Source) || strings.ContainsRune(m.Source, 0) {
 			return fmt.Errorf("source %q must be an absolute path (without a NUL byte)", m.Source)
@@ -460,6 +477,11 @@ func validateMounts(mounts []Mount, scratch []string) error {
 			return fmt.Errorf("target of %q: %w", m.Source, err)
 		}
 		target := filepath.Clean(m.Target)
+		if first, ok := targets[target]; ok {
+			// Else every session's start would be refused.
+			return fmt.Errorf("targets %q and %q are the same path: one mount there at most", first, m.Target)
+		}
+		targets[target] = m.Target
 		for _, p := range scratch {
 			if filepath.Clean(p) == target {
 				return fmt.Errorf("target %q is also a scratch path (session.scratch): drop it from one of them", m.Target)
@@ -526,23 +548,53 @@ func limitField(err error) string {
 }
 
 // keyLine finds the line where a dotted key is set, for messages about
-// settings the TOML decoder gives no position for.
+// settings the TOML decoder gives no position for: the line that sets it,
+// or else the one that sets the nearest table or inline table holding it
+// (a member of an inline table, a key below an unknown table). Keys may
+// be dotted and quoted, and tables opened by [header] or [[header]].
 func keyLine(text, key string) int {
-	parts := strings.Split(key, ".")
-	leaf := parts[len(parts)-1]
-	table := strings.Join(parts[:len(parts)-1], ".")
-	current := ""
+	line, _ := findKey(text, key)
+	return line
+}
+
+// findKey is keyLine that also tells whether the line found sets key
+// itself.
+func findKey(text, key string) (line int, exact bool) {
+	want := strings.Split(key, ".")
+	best, bestLen := 0, 0
+	table := []string(nil)
 	for i, line := range strings.Split(text, "\n") {
 		l := strings.TrimSpace(line)
+		var path []string
 		if strings.HasPrefix(l, "[") {
 			header, _, _ := strings.Cut(l, "#")
-			current = strings.Trim(strings.TrimSpace(header), "[] ")
+			table = keyParts(strings.Trim(strings.TrimSpace(header), "[] "))
+			path = table
+		} else if name, _, ok := strings.Cut(l, "="); ok && !strings.HasPrefix(l, "#") {
+			path = append(slices.Clip(table), keyParts(name)...)
+		} else {
 			continue
 		}
-		name, _, ok := strings.Cut(l, "=")
-		if ok && strings.TrimSpace(name) == leaf && current == table {
-			return i + 1
+		n := 0
+		for n < len(path) && n < len(want) && path[n] == want[n] {
+			n++
+		}
+		if n == len(path) && n == len(want) {
+			return i + 1, true
+		}
+		if n == len(path) && n > bestLen {
+			best, bestLen = i+1, n
 		}
 	}
-	return 0
+	return best, false
+}
+
+// keyParts splits a TOML key as written (dotted, parts maybe quoted) into
+// its parts.
+func keyParts(key string) []string {
+	var parts []string
+	for _, p := range strings.Split(key, ".") {
+		parts = append(parts, strings.Trim(strings.TrimSpace(p), `"'`))
+	}
+	return parts
 }

@@ -177,6 +177,17 @@ func TestConfigOverridesAndErrors(t *testing.T) {
 				}
 			}},
 		{name: "unknown capability", text: "[session]\ncap_drop = [\"NET_RAW\", \"NET_RAWR\"]\n", hostCPU: 2, wantErr: ":2: session.cap_drop", msg: `"NET_RAWR" is not a Linux capability`},
+		{name: "key in another case", text: "[session]\nCPUS = \"1\"\n", hostCPU: 2, wantErr: ":2: session.CPUS", msg: "lower case"},
+		{name: "table in another case", text: "\n[Session]\ncpus = \"1\"\n", hostCPU: 2, wantErr: ":2: Session", msg: "lower case"},
+		{name: "a mode in two cases", text: "[session]\nmounts = [{ source = \"/opt\", target = \"/o\", mode = \"ro\", MODE = \"rw\" }]\n", hostCPU: 2, wantErr: ":2: session.mounts.MODE", msg: "lower case"},
+		{name: "dotted key at the top", text: "\nsession.cpus = \"5\"\n", hostCPU: 2, wantErr: ":2: session.cpus"},
+		{name: "dotted key in a table", text: "[session]\n\nmax.cpus = \"9\"\n", hostCPU: 2, wantErr: ":3: session.max.cpus"},
+		{name: "quoted key", text: "[session]\n\"cpus\" = \"9\"\n", hostCPU: 2, wantErr: ":2: session.cpus"},
+		{name: "max below the default, dotted", text: "[session]\nmax.memory = \"512MiB\"\n", hostCPU: 2, wantErr: ":2: session.max.memory"},
+		{name: "unknown member of an inline table", text: "[session]\nmounts = [{ source = \"/opt\", target = \"/o\", readonly = true }]\n", hostCPU: 2, wantErr: ":2: session.mounts.readonly"},
+		{name: "unknown table", text: "\n[bogus]\ny = 2\n", hostCPU: 2, wantErr: ":2: bogus"},
+		{name: "bad mount as an array of tables", text: "[[session.mounts]]\nsource = \"/opt\"\ntarget = \"/\"\n", hostCPU: 2, wantErr: ":1: session.mounts", msg: "must not be /"},
+		{name: "two mounts at one target", text: "[session]\nmounts = [{ source = \"/opt\", target = \"/x\" }, { source = \"/srv\", target = \"/x/\" }]\n", hostCPU: 2, wantErr: ":2: session.mounts", msg: `"/x" and "/x/" are the same path`},
 		{name: "capability prefix alone", text: "[session]\ncap_drop = [\"CAP_\"]\n", hostCPU: 2, wantErr: ":2: session.cap_drop"},
 	}
 	for _, tc := range tests {

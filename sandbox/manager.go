@@ -144,18 +144,36 @@ func (c Config) checkSources(engineSocket string) error {
 		}
 		if _, err := filepath.EvalSymlinks(ws); err == nil {
 			if _, err := checkMountSource(ws, engineSocket, c.Private); err != nil {
-				return err
+				if c.Session.Workspace == "" {
+					// The directory sandboxd runs in: no setting.
+					return errors.New(strings.TrimPrefix(err.Error(), ErrInvalid.Error()+": "))
+				}
+				return c.settingError("session.workspace", "workspace", err)
 			}
 		}
 	}
 	for _, mt := range c.Session.Mounts {
 		if real, err := filepath.EvalSymlinks(mt.Source); err == nil {
 			if err := checkGrant(mt.Source, real, engineSocket, c.Private); err != nil {
-				return err
+				return c.settingError("session.mounts", "session.mounts", err)
 			}
 		}
 	}
 	return nil
+}
+
+// settingError words err, which a session's start would give as a
+// refused request about what ("workspace: ..."), as the fault of a setting
+// of the configuration, found at sandboxd's start: the file, the line, the
+// key.
+func (c Config) settingError(key, what string, err error) error {
+	msg := strings.TrimPrefix(err.Error(), ErrInvalid.Error()+": ")
+	msg = strings.TrimPrefix(msg, what+": ")
+	file := c.file
+	if file == "" {
+		file = "configuration"
+	}
+	return &ConfigError{File: file, Line: keyLine(c.text, key), Key: key, Err: errors.New(msg)}
 }
 
 // tiniInit reports whether the engine's init binary, as its info names it,

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -13,6 +14,8 @@ import (
 	"time"
 
 	"github.com/moby/moby/client"
+
+	"github.com/sandboxd/sandboxd"
 )
 
 // readyManager is a manager with no engine, holding sessions that are
@@ -312,6 +315,84 @@ func TestGrantedMountsRefusePrivate(t *testing.T) {
 				t.Errorf("grantedMounts of %s = %v, want refused: %v", tc.source, err, tc.refuse)
 			}
 		})
+	}
+}
+
+// TestUserLinkOn: every link that resolving a path passes is looked at,
+// also one inside another link's target or behind "..", and the first
+// that is not root's is reported.
+func TestUserLinkOn(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to make links of root's and of another user's")
+	}
+	dir, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	mkdir := func(p string) {
+		if err := os.MkdirAll(filepath.Join(dir, p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	link := func(p, target string, uid int) {
+		if err := os.Symlink(target, filepath.Join(dir, p)); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Lchown(filepath.Join(dir, p), uid, uid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mkdir("real/sub")
+	mkdir("ws")
+	link("ws/users", filepath.Join(dir, "real"), 1000)
+	link("roots", filepath.Join(dir, "real"), 0)
+	link("through", "ws/users/sub", 0)   // a root's link whose target passes a user's
+	link("dotdot", "real/sub/../sub", 0) // ".." after a real directory
+	link("back", "ws/users/../real", 0)  // ".." after a user's link
+	link("loop", "loop", 0)
+	for _, tc := range []struct {
+		path, want string
+	}{
+		{"real/sub", ""},
+		{"roots/sub", ""},
+		{"dotdot", ""},
+		{"ws/users", "ws/users"},
+		{"ws/users/sub", "ws/users"},
+		{"through", "ws/users"},
+		{"back", "ws/users"},
+		{"missing/users", ""},
+	} {
+		link, uid, err := userLinkOn(filepath.Join(dir, tc.path))
+		want := ""
+		if tc.want != "" {
+			want = filepath.Join(dir, tc.want)
+		}
+		if err != nil || link != want || want != "" && uid != 1000 {
+			t.Errorf("userLinkOn(%s) = %q, %d, %v; want %q of uid 1000", tc.path, link, uid, err, want)
+		}
+	}
+	if _, _, err := userLinkOn(filepath.Join(dir, "loop")); err == nil {
+		t.Error("userLinkOn of a link to itself: no error")
+	}
+	// A grant through a user's link is refused, naming the link.
+	m := readyManager(t)
+	m.cfg.Session.Mounts = []Mount{{Source: filepath.Join(dir, "ws/users/sub"), Target: "/granted", Mode: "ro"}}
+	if _, _, err := newSession(m, "k", SessionSpec{ID: "s"}).grantedMounts(); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), filepath.Join(dir, "ws/users")+" of uid 1000") {
+		t.Errorf("grantedMounts through a user's link = %v, want it refused naming the link", err)
+	}
+	// At start, it is the fault of the setting, and said so.
+	file := filepath.Join(dir, "sandbox.toml")
+	text := fmt.Sprintf("[session]\nmounts = [{ source = %q, target = \"/granted\" }]\n", filepath.Join(dir, "ws/users/sub"))
+	if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := LoadConfig(sandboxd.DefaultConfig, file, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Session.Workspace = filepath.Join(dir, "ws")
+	if err := cfg.checkSources(""); err == nil || !strings.HasPrefix(err.Error(), file+":2: session.mounts: source ") {
+		t.Errorf("checkSources with a grant through a user's link = %v, want it refused naming %s:2: session.mounts", err, file)
 	}
 }
 

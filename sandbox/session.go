@@ -320,7 +320,18 @@ func engineSocketIn(real, engineSocket string) string {
 // agent's socket in /run/user); one that holds them whole is taken for a
 // mistake, as is one that holds the engine, which is the host's root:
 // even read-only, a socket connects.
+//
+// A source reached through a link that is not root's is refused too: a
+// sandboxed command that can write on the source's way (the source lies in
+// a workspace) can put one there, and so choose what the next session,
+// also one of a later sandboxd, mounts. A command never runs as root, so
+// a link of root's is none of theirs.
 func checkGrant(source, real, engineSocket string, private []string) error {
+	if link, uid, err := userLinkOn(source); err != nil {
+		return fmt.Errorf("%w: session.mounts: source %q: %v", ErrInvalid, source, err)
+	} else if link != "" {
+		return fmt.Errorf("%w: session.mounts: source %q passes the link %s of uid %d, which a sandboxed command running as that user could have put there to choose what is mounted; name the directory itself (%s)", ErrInvalid, source, link, uid, real)
+	}
 	if p := privateIn(real, private); p != "" {
 		return fmt.Errorf("%w: session.mounts: source %q is or holds %s, %s", ErrInvalid, source, p, privateWhy)
 	}
@@ -331,6 +342,51 @@ func checkGrant(source, real, engineSocket string, private []string) error {
 		return fmt.Errorf("%w: session.mounts: source %q is or holds the Docker Engine's socket %s, which would give commands the engine and so the host", ErrInvalid, source, sock)
 	}
 	return nil
+}
+
+// userLinkOn returns the first symbolic link not owned by root that
+// resolving path passes, and its owner; "" when there is none. It resolves
+// as the kernel does, component by component, so that a link inside a
+// link's target is looked at too. A path that does not resolve has no
+// link to report beyond the point where it stops.
+func userLinkOn(path string) (link string, uid uint32, err error) {
+	cur := "/"
+	todo := strings.Split(path, "/")
+	for n := 0; len(todo) > 0; {
+		c := todo[0]
+		todo = todo[1:]
+		switch c {
+		case "", ".":
+			continue
+		case "..":
+			cur = filepath.Dir(cur)
+			continue
+		}
+		next := filepath.Join(cur, c)
+		var st syscall.Stat_t
+		if syscall.Lstat(next, &st) != nil {
+			return "", 0, nil
+		}
+		if st.Mode&syscall.S_IFMT != syscall.S_IFLNK {
+			cur = next
+			continue
+		}
+		if st.Uid != 0 {
+			return next, st.Uid, nil
+		}
+		if n++; n > 255 {
+			return "", 0, fmt.Errorf("too many links on its way")
+		}
+		target, err := os.Readlink(next)
+		if err != nil {
+			return "", 0, nil
+		}
+		if filepath.IsAbs(target) {
+			cur = "/"
+		}
+		todo = append(strings.Split(target, "/"), todo...)
+	}
+	return "", 0, nil
 }
 
 // privateWhy says why a mount source that holds one of Config.Private is
