@@ -244,15 +244,15 @@ func newFlagSet(name, synopsis, about string, stderr io.Writer) *flag.FlagSet {
 
 // common holds the flags every command that opens sessions shares.
 type common struct {
-	config   string
+	config   nonEmpty
 	logLevel string
-	logFile  string
+	logFile  nonEmpty
 }
 
 func (c *common) register(fs *flag.FlagSet, defaultLevel string) {
-	fs.StringVar(&c.config, "config", "", "configuration `file` (default: the embedded sandbox.toml)")
+	fs.Var(&c.config, "config", "configuration `file` (default: the embedded sandbox.toml)")
 	fs.StringVar(&c.logLevel, "log-level", defaultLevel, "log level: debug, info, warn or error")
-	fs.StringVar(&c.logFile, "log", "", "write logs to `file` instead of stderr")
+	fs.Var(&c.logFile, "log", "write logs to `file` instead of stderr")
 }
 
 // logger builds the logger; logs never go to stdout, which may carry ACP.
@@ -266,7 +266,7 @@ func (c *common) logger(stderr io.Writer) (*slog.Logger, func(), error) {
 		// Not through a link, nor into what is no file: a link put in
 		// its place would have sandboxd append to whatever it names.
 		// Nor wait for a reader: a FIFO there would hold sandboxd up.
-		f, err := os.OpenFile(c.logFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0o600)
+		f, err := os.OpenFile(string(c.logFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0o600)
 		if err != nil {
 			return nil, nil, usageError{fmt.Errorf("--log: %w", err)}
 		}
@@ -292,7 +292,7 @@ func engineClient() (*client.Client, error) {
 // starts the manager with the image in place. private are the places of
 // sandboxd's own endpoints, which no container may see.
 func (c *common) setup(ctx context.Context, stderr io.Writer, log *slog.Logger, image string, private []string, check func(*sandbox.Config) error) (*sandbox.Manager, error) {
-	cfg, err := sandbox.LoadConfig(sandboxd.DefaultConfig, c.config, runtime.NumCPU())
+	cfg, err := sandbox.LoadConfig(sandboxd.DefaultConfig, string(c.config), runtime.NumCPU())
 	if err != nil {
 		return nil, err
 	}
@@ -301,7 +301,7 @@ func (c *common) setup(ctx context.Context, stderr io.Writer, log *slog.Logger, 
 	// packages the next image build runs on the host. (The log is not one:
 	// it is opened neither through a link nor as anything but a file.)
 	if c.config != "" {
-		private = append(private, c.config)
+		private = append(private, string(c.config))
 	}
 	if dir, err := images.CacheDir(); err == nil {
 		private = append(private, dir)
@@ -421,9 +421,9 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	sf.register(fs)
 	var interactive, tty, both bool
 	var env stringList
-	var workdir string
+	var workdir nonEmpty
 	fs.Var(&env, "e", "set `NAME=VALUE` in the command's environment (NAME alone: its value here, if set; repeatable)")
-	fs.StringVar(&workdir, "w", "", "run in `dir`, at or below the workspace (default: the workspace)")
+	fs.Var(&workdir, "w", "run in `dir`, at or below the workspace (default: the workspace)")
 	fs.BoolVar(&interactive, "i", false, "pass stdin to the command")
 	fs.BoolVar(&tty, "t", false, "run the command on a terminal of the size of yours")
 	fs.BoolVar(&both, "it", false, "-i and -t: an interactive shell, say")
@@ -455,17 +455,17 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		return 0, err
 	}
 	if err := cmd.Check(); err != nil {
-		return 0, usageError{err}
+		return 0, usageError{errors.New(unrequested(err))}
 	}
-	if workdir != "" {
-		if !filepath.IsAbs(workdir) {
-			workdir = filepath.Join(wd, workdir)
+	if dir := string(workdir); dir != "" {
+		if !filepath.IsAbs(dir) {
+			dir = filepath.Join(wd, dir)
 		}
-		if cmd.Cwd = filepath.Clean(workdir); !sandbox.Within(wd, cmd.Cwd) {
+		if cmd.Cwd = filepath.Clean(dir); !sandbox.Within(wd, cmd.Cwd) {
 			return 0, usageError{fmt.Errorf("-w: %s is outside the workspace %s", cmd.Cwd, wd)}
 		}
 		if err := sandbox.CheckIsDir(cmd.Cwd); err != nil {
-			return 0, usageError{fmt.Errorf("-w: %w", err)}
+			return 0, usageError{fmt.Errorf("-w: %s", unrequested(err))}
 		}
 	}
 	log, closeLog, err := c.logger(stderr)
@@ -474,8 +474,11 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	}
 	defer closeLog()
 	m, err := c.setup(ctx, stderr, log, spec.Image, nil, func(cfg *sandbox.Config) error {
+		// run's workspace is where it runs, whatever session.workspace
+		// says: that is the one checked at start.
+		cfg.Session.Workspace = wd
 		if _, err := sandbox.ValidateSpec(*cfg, runtime.NumCPU(), spec); err != nil {
-			return usageError{err}
+			return overrideError(err)
 		}
 		return nil
 	})
@@ -542,6 +545,19 @@ func cmdImage(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return err
 }
 
+// overrideError words a session override that ValidateSpec refused as the
+// fault of the flag that asked for it: its messages start with the
+// setting's name ("cpus 3 is too many"), which is the flag's.
+func overrideError(err error) error {
+	return usageError{errors.New("--" + unrequested(err))}
+}
+
+// unrequested is the message of a sandbox error about what a flag gave,
+// without the "invalid request" that a peer's request would be told.
+func unrequested(err error) string {
+	return strings.TrimPrefix(err.Error(), sandbox.ErrInvalid.Error()+": ")
+}
+
 // envFlags reads run's -e values as docker run does: NAME=VALUE, or NAME
 // alone for the value it has here (left out when it has none).
 func envFlags(values []string) ([]sandbox.EnvVar, error) {
@@ -555,7 +571,7 @@ func envFlags(values []string) ([]sandbox.EnvVar, error) {
 		}
 		e := sandbox.EnvVar{Name: name, Value: value}
 		if err := sandbox.CheckEnvVar("env", e); err != nil {
-			return nil, usageError{fmt.Errorf("-e %.200q: %w", v, err)}
+			return nil, usageError{fmt.Errorf("-e %.200q: %s", v, unrequested(err))}
 		}
 		env = append(env, e)
 	}

@@ -20,11 +20,11 @@ func TestCommandLineErrors(t *testing.T) {
 		{[]string{"help"}, 0, "Usage:\n  sandboxd wrap"},
 		{[]string{"run", "-h"}, 0, "Usage: sandboxd run"},
 		{[]string{"run", "-it", "--", "sh"}, 2, "-i with -t: stdin is not a terminal"},
-		{[]string{"run", "-e", "=x", "--", "true"}, 2, "-e \"=x\": invalid request: env.name: must not be empty"},
+		{[]string{"run", "-e", "=x", "--", "true"}, 2, "sandboxd run: -e \"=x\": env.name: must not be empty"},
 		{[]string{"run", "-e", "SANDBOXD_TERMINAL=x", "--", "true"}, 2, "SANDBOXD_TERMINAL is reserved"},
 		{[]string{"run", "-w", "/", "--", "true"}, 2, "-w: / is outside the workspace"},
-		{[]string{"run", "--", ""}, 2, "command: must not be empty"},
-		{[]string{"run", "-w", "no-such-dir", "--", "true"}, 2, "-w: invalid request: cwd: stat"},
+		{[]string{"run", "--", ""}, 2, "sandboxd run: command: must not be empty"},
+		{[]string{"run", "-w", "no-such-dir", "--", "true"}, 2, "sandboxd run: -w: cwd: stat"},
 		{[]string{"run", "--", "-h"}, 2, "starts with '-'"},
 		{[]string{"run", "-i", "-t", "--", "sh"}, 2, "-i with -t: stdin is not a terminal"},
 		{[]string{"run", "--pids", "0", "--", "true"}, 2, "--pids: invalid pids limit \"0\": must be at least 8"},
@@ -52,9 +52,15 @@ func TestCommandLineErrors(t *testing.T) {
 		{[]string{"config", "extra"}, 2, "unexpected argument \"extra\""},
 		// Allowed in form, not by the configuration: still refused before
 		// the engine is asked (it is not reachable here).
-		{[]string{"run", "--memory", "64GiB", "--", "true"}, 2, "memory 64GiB is above the maximum of"},
-		{[]string{"run", "--network", "host", "--", "true"}, 2, "network: \"host\" is not allowed"},
-		{[]string{"wrap", "--cpus", "64", "--", "true"}, 2, "cpus"},
+		{[]string{"run", "--memory", "64GiB", "--", "true"}, 2, "sandboxd run: --memory 64GiB is above the maximum of"},
+		{[]string{"run", "--network", "host", "--", "true"}, 2, "sandboxd run: --network: \"host\" is not allowed"},
+		{[]string{"wrap", "--cpus", "64", "--", "true"}, 2, "sandboxd wrap: --cpus 64 is too many"},
+		// An empty value would silently stand for the default.
+		{[]string{"run", "--cpus", "", "--", "true"}, 2, "invalid value \"\" for flag -cpus: empty or blank"},
+		{[]string{"wrap", "--image", " ", "--", "true"}, 2, "invalid value \" \" for flag -image: empty or blank"},
+		{[]string{"run", "--config", "", "--", "true"}, 2, "invalid value \"\" for flag -config: empty or blank"},
+		{[]string{"serve", "--log", ""}, 2, "invalid value \"\" for flag -log: empty or blank"},
+		{[]string{"run", "-w", "", "--", "true"}, 2, "invalid value \"\" for flag -w: empty or blank"},
 		{[]string{"wrap", "--agent-grace", "-1s", "--", "true"}, 2, "--agent-grace: -1s is negative"},
 	}
 	t.Setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strings"
 	"time"
 
 	"github.com/sandboxd/sandboxd/acp"
@@ -71,7 +72,7 @@ func cmdWrap(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		check := defaults
 		check.Workspace = workspace
 		if _, err := sandbox.ValidateSpec(*cfg, runtime.NumCPU(), check); err != nil {
-			return usageError{err}
+			return overrideError(err)
 		}
 		return nil
 	})
@@ -100,24 +101,41 @@ func cmdWrap(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 // sessionFlags override the configured image, network and limits of every
 // session.
 type sessionFlags struct {
-	cpus, memory, pids, network, image string
+	cpus, memory, pids, network, image nonEmpty
 }
 
 func (f *sessionFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.cpus, "cpus", "", "CPUs per session, e.g. 1.5 (default from config)")
-	fs.StringVar(&f.memory, "memory", "", "memory per session, e.g. 512MiB (default from config)")
-	fs.StringVar(&f.pids, "pids", "", "maximum processes per session (default from config)")
-	fs.StringVar(&f.network, "network", "", "network: none, or the configured network")
-	fs.StringVar(&f.image, "image", "", "image (default from config)")
+	fs.Var(&f.cpus, "cpus", "`N` CPUs per session, e.g. 1.5 (default from config)")
+	fs.Var(&f.memory, "memory", "memory per session, `SIZE` such as 512MiB (default from config)")
+	fs.Var(&f.pids, "pids", "at most `N` processes per session (default from config)")
+	fs.Var(&f.network, "network", "network `NAME`: none, or the configured network")
+	fs.Var(&f.image, "image", "image `REF` (default from config)")
+}
+
+// nonEmpty is a flag that, when given, must have a value: an empty one
+// would silently stand for the default it was meant to change.
+type nonEmpty string
+
+func (v *nonEmpty) String() string { return string(*v) }
+
+func (v *nonEmpty) Set(s string) error {
+	if strings.TrimSpace(s) == "" {
+		return errors.New("empty or blank (leave the flag out for the default)")
+	}
+	*v = nonEmpty(s)
+	return nil
 }
 
 func (f *sessionFlags) spec() (sandbox.SessionSpec, error) {
-	spec := sandbox.SessionSpec{Image: f.image, Network: f.network}
-	for _, f := range []struct{ name, value string }{{"cpus", f.cpus}, {"memory", f.memory}, {"pids", f.pids}} {
+	spec := sandbox.SessionSpec{Image: string(f.image), Network: string(f.network)}
+	for _, f := range []struct {
+		name  string
+		value nonEmpty
+	}{{"cpus", f.cpus}, {"memory", f.memory}, {"pids", f.pids}} {
 		if f.value == "" {
 			continue
 		}
-		if err := spec.Limits.Set(f.name, f.value); err != nil {
+		if err := spec.Limits.Set(f.name, string(f.value)); err != nil {
 			return spec, usageError{fmt.Errorf("--%s: %w", f.name, err)}
 		}
 	}
