@@ -28,6 +28,7 @@ import (
 	"github.com/distribution/reference"
 	"github.com/moby/moby/client"
 
+	"github.com/sandboxd/sandboxd/hostpath"
 	"github.com/sandboxd/sandboxd/sandbox"
 )
 
@@ -226,52 +227,19 @@ func (b *Builder) trustedArchives(dir string) string {
 	return real
 }
 
-// checkPrivateDir refuses dir unless nobody but uid (and root) can change
-// what it holds: the .deb files in it are unpacked and their busybox is run
-// on the host. So dir must be owned by uid and not writable by others, and
-// each of its parents owned by uid or root and either not writable by
-// others or sticky (otherwise another user could rename dir away and put
-// their own in its place). It returns dir absolute and with symlinks
-// resolved, so that a symlink changed later does not matter.
+// checkPrivateDir refuses dir unless it is a directory nobody but uid
+// (and root) can change (hostpath.CheckPrivate): the .deb files in it are
+// unpacked and their busybox is run on the host. It returns dir absolute
+// and with its links resolved.
 func checkPrivateDir(dir string, uid int) (string, error) {
-	abs, err := filepath.Abs(dir)
+	real, err := hostpath.CheckPrivate(dir, uid)
 	if err != nil {
 		return "", err
 	}
-	real, err := filepath.EvalSymlinks(abs)
-	if err != nil {
-		return "", err
-	}
-	fi, err := os.Stat(real)
-	if err != nil {
-		return "", err
-	}
-	if !fi.IsDir() {
+	if fi, err := os.Stat(real); err != nil || !fi.IsDir() {
 		return "", fmt.Errorf("refusing %s: not a directory", dir)
 	}
-	if owner := ownerOf(fi); owner != uid {
-		return "", fmt.Errorf("refusing %s: owned by uid %d, not by uid %d", dir, owner, uid)
-	}
-	// Group-writable is left alone: with a private group per user and
-	// umask 002 (Debian's and Fedora's habit) everything a user makes is.
-	if fi.Mode().Perm()&0o002 != 0 {
-		return "", fmt.Errorf("refusing %s: writable by others (mode %04o)", dir, fi.Mode().Perm())
-	}
-	for p := filepath.Dir(real); ; p = filepath.Dir(p) {
-		fi, err := os.Stat(p)
-		if err != nil {
-			return "", err
-		}
-		if owner := ownerOf(fi); owner != uid && owner != 0 {
-			return "", fmt.Errorf("refusing %s: its parent %s is owned by uid %d, who could replace it", dir, p, owner)
-		}
-		if fi.Mode().Perm()&0o002 != 0 && fi.Mode()&fs.ModeSticky == 0 {
-			return "", fmt.Errorf("refusing %s: its parent %s is writable by others and not sticky (mode %04o), so they could replace it", dir, p, fi.Mode().Perm())
-		}
-		if p == filepath.Dir(p) {
-			return real, nil
-		}
-	}
+	return real, nil
 }
 
 // checkDeb refuses a .deb that is not a regular file owned by uid and
@@ -284,21 +252,13 @@ func checkDeb(path string, uid int) error {
 	if !fi.Mode().IsRegular() {
 		return fmt.Errorf("refusing %s: not a regular file", path)
 	}
-	if owner := ownerOf(fi); owner != uid {
+	if owner := hostpath.Owner(fi); owner != uid {
 		return fmt.Errorf("refusing %s: owned by uid %d, not by uid %d", path, owner, uid)
 	}
 	if fi.Mode().Perm()&0o002 != 0 {
 		return fmt.Errorf("refusing %s: writable by others (mode %04o)", path, fi.Mode().Perm())
 	}
 	return nil
-}
-
-// ownerOf is the uid owning a file; -1 when the system does not say.
-func ownerOf(fi fs.FileInfo) int {
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		return int(st.Uid)
-	}
-	return -1
 }
 
 // debs finds, checks, downloads and unpacks the .deb files of one build.

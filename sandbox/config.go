@@ -14,6 +14,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
+	"github.com/sandboxd/sandboxd/hostpath"
 	"github.com/sandboxd/sandboxd/limits"
 )
 
@@ -128,7 +129,7 @@ type CPUs float64
 
 // UnmarshalTOML accepts a number or a string.
 func (c *CPUs) UnmarshalTOML(v any) error {
-	s, err := scalarString(v)
+	s, err := scalarString(v, false)
 	if err != nil {
 		return err
 	}
@@ -145,7 +146,7 @@ type ByteSize int64
 
 // UnmarshalTOML accepts a number or a string with a unit.
 func (b *ByteSize) UnmarshalTOML(v any) error {
-	s, err := scalarString(v)
+	s, err := scalarString(v, true)
 	if err != nil {
 		return err
 	}
@@ -167,7 +168,7 @@ type Pids int64
 
 // UnmarshalTOML accepts a number or a numeric string.
 func (p *Pids) UnmarshalTOML(v any) error {
-	s, err := scalarString(v)
+	s, err := scalarString(v, true)
 	if err != nil {
 		return err
 	}
@@ -184,7 +185,7 @@ type Count int
 
 // UnmarshalTOML accepts a positive integer.
 func (c *Count) UnmarshalTOML(v any) error {
-	s, err := scalarString(v)
+	s, err := scalarString(v, true)
 	if err != nil {
 		return err
 	}
@@ -216,7 +217,10 @@ func (d *Duration) UnmarshalTOML(v any) error {
 	return nil
 }
 
-func scalarString(v any) (string, error) {
+// scalarString is a setting's value as the string its parser reads. A
+// setting of whole units (bytes, processes) takes no TOML float: 1e3 or
+// 1073741824.7 would be read as something the file does not say.
+func scalarString(v any, whole bool) (string, error) {
 	switch x := v.(type) {
 	case string:
 		return x, nil
@@ -225,6 +229,9 @@ func scalarString(v any) (string, error) {
 	case float64:
 		if math.IsNaN(x) || math.IsInf(x, 0) {
 			return "", fmt.Errorf("%v is not a number", x)
+		}
+		if whole {
+			return "", fmt.Errorf("%v is not written as a whole number: write one, or a string such as \"512MiB\"", x)
 		}
 		return strconv.FormatFloat(x, 'f', -1, 64), nil
 	default:
@@ -272,7 +279,13 @@ func LoadConfig(defaults, file string, hostCPUs int) (Config, error) {
 	if file == "" {
 		return validated(cfg, "sandbox.toml (embedded default)", defaults, hostCPUs)
 	}
-	text, err := os.ReadFile(file)
+	// The file chooses what every sandbox sees and may do: one that
+	// another user can change is theirs to choose.
+	real, err := hostpath.CheckPrivate(file, os.Geteuid())
+	if err != nil {
+		return Config{}, fmt.Errorf("read config: %w (only you or root may be able to change it)", err)
+	}
+	text, err := os.ReadFile(real)
 	if err != nil {
 		return Config{}, fmt.Errorf("read config: %w", err)
 	}

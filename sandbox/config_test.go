@@ -188,6 +188,9 @@ func TestConfigOverridesAndErrors(t *testing.T) {
 		{name: "unknown table", text: "\n[bogus]\ny = 2\n", hostCPU: 2, wantErr: ":2: bogus"},
 		{name: "bad mount as an array of tables", text: "[[session.mounts]]\nsource = \"/opt\"\ntarget = \"/\"\n", hostCPU: 2, wantErr: ":1: session.mounts", msg: "must not be /"},
 		{name: "two mounts at one target", text: "[session]\nmounts = [{ source = \"/opt\", target = \"/x\" }, { source = \"/srv\", target = \"/x/\" }]\n", hostCPU: 2, wantErr: ":2: session.mounts", msg: `"/x" and "/x/" are the same path`},
+		{name: "pids as a float", text: "[session]\npids = 1e2\n", hostCPU: 2, wantErr: ":2: session.pids", msg: "whole number"},
+		{name: "memory as a float", text: "[session]\nmemory = 1073741824.7\n", hostCPU: 2, wantErr: ":2: session.memory", msg: "whole number"},
+		{name: "a count as a float", text: "[terminal]\nmax_terminals = 1e2\n", hostCPU: 2, wantErr: ":2: terminal.max_terminals", msg: "whole number"},
 		{name: "capability prefix alone", text: "[session]\ncap_drop = [\"CAP_\"]\n", hostCPU: 2, wantErr: ":2: session.cap_drop"},
 	}
 	for _, tc := range tests {
@@ -218,6 +221,21 @@ func TestDefaultConfigOnOneCPU(t *testing.T) {
 	}
 	if cfg.Session.Max.CPUs != 1 {
 		t.Errorf("session.max.cpus = %v, want the host's 1", cfg.Session.Max.CPUs)
+	}
+}
+
+// TestConfigOthersMayChange: a file that another user could change is
+// refused, so that they cannot choose what sandboxes see.
+func TestConfigOthersMayChange(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "sandbox.toml")
+	if err := os.WriteFile(file, []byte("[session]\ncpus = 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(file, 0o646); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadConfig(sandboxd.DefaultConfig, file, 2); err == nil || !strings.Contains(err.Error(), "writable by others") {
+		t.Errorf("LoadConfig of a file anyone may write = %v, want it refused", err)
 	}
 }
 
