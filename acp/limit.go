@@ -17,6 +17,9 @@ const (
 	// maxInFlight bounds the requests of one connection waiting for
 	// their answer (most of them terminal/wait_for_exit).
 	maxInFlight = 1024
+	// maxInFlightBytes bounds what the params and ids of those requests
+	// hold: sixteen of the largest a connection reads.
+	maxInFlightBytes = 16 * MaxRequestSize
 )
 
 // requestLimiter bounds what one connection's requests hold in sandboxd's
@@ -24,28 +27,35 @@ const (
 type requestLimiter struct {
 	output chan struct{}
 
-	mu sync.Mutex
-	n  int
+	mu    sync.Mutex
+	n     int
+	bytes int
 }
 
 func newRequestLimiter() *requestLimiter {
 	return &requestLimiter{output: make(chan struct{}, outputSlots)}
 }
 
-// acquire takes a place for a request, to be given back with release once
-// its reply is written. It fails at once when too many are in flight, and
-// never waits: the connection's reader must go on reading, or a peer that
-// writes before it reads would wait for sandboxd as sandboxd waits for it.
-func (l *requestLimiter) acquire(method string) (release func(), err error) {
+// acquire takes a place for a request that holds size bytes, to be given
+// back with release once its reply is written. It fails at once when too
+// many are in flight, or too many bytes, and never waits: the connection's
+// reader must go on reading, or a peer that writes before it reads would
+// wait for sandboxd as sandboxd waits for it.
+func (l *requestLimiter) acquire(method string, size int) (release func(), err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.n >= maxInFlight {
 		return nil, &jsonrpc2.Error{Code: CodeCancelled, Message: fmt.Sprintf("%s: %d requests are waiting for their answer; wait for some", method, maxInFlight)}
 	}
+	if l.bytes+size > maxInFlightBytes {
+		return nil, &jsonrpc2.Error{Code: CodeCancelled, Message: fmt.Sprintf("%s: the requests waiting for their answer hold more than %d MiB; wait for some", method, maxInFlightBytes>>20)}
+	}
 	l.n++
+	l.bytes += size
 	return func() {
 		l.mu.Lock()
 		l.n--
+		l.bytes -= size
 		l.mu.Unlock()
 	}, nil
 }

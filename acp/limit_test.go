@@ -12,17 +12,33 @@ func TestRequestLimiter(t *testing.T) {
 	// Taking a place never waits; beyond the bound it is refused.
 	var places []func()
 	for range maxInFlight {
-		release, err := l.acquire(MethodOutput)
+		release, err := l.acquire(MethodOutput, 10)
 		if err != nil {
 			t.Fatal(err)
 		}
 		places = append(places, release)
 	}
-	if _, err := l.acquire(MethodKill); err == nil {
+	if _, err := l.acquire(MethodKill, 10); err == nil {
 		t.Fatal("request beyond maxInFlight was taken")
 	}
 	places[0]()
-	if _, err := l.acquire(MethodKill); err != nil {
+	if _, err := l.acquire(MethodKill, 10); err != nil {
+		t.Fatalf("after a release: %v", err)
+	}
+	// So are requests beyond the bytes the connection may hold.
+	l = newRequestLimiter()
+	big, err := l.acquire(MethodCreate, maxInFlightBytes-100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.acquire(MethodCreate, 101); err == nil || rpcError(ctx, err).Code != CodeCancelled {
+		t.Fatalf("request beyond maxInFlightBytes: err = %v, want it refused", err)
+	}
+	if _, err := l.acquire(MethodCreate, 100); err != nil {
+		t.Fatalf("request within maxInFlightBytes: %v", err)
+	}
+	big()
+	if _, err := l.acquire(MethodCreate, MaxRequestSize); err != nil {
 		t.Fatalf("after a release: %v", err)
 	}
 	// Output replies are built outputSlots at a time; a further one

@@ -639,7 +639,7 @@ func (p *Proxy) answerTerminal(m message) {
 		p.replyToAgentLater(m, nil, duplicateID(string(m.ID)))
 		return
 	}
-	release, err := p.limit.acquire(m.Method)
+	release, err := p.limit.acquire(m.Method, len(m.Params)+2*len(m.ID))
 	if err != nil {
 		p.replyToAgentLater(m, nil, err)
 		return
@@ -671,7 +671,7 @@ func (p *Proxy) answerTerminal(m message) {
 // terminalNotified runs a terminal/kill or terminal/release the agent sent
 // as a notification: done, but not answered.
 func (p *Proxy) terminalNotified(m message) {
-	release, err := p.limit.acquire(m.Method)
+	release, err := p.limit.acquire(m.Method, len(m.Params))
 	if err != nil {
 		p.log.Warn("terminal notification from the agent not run", "method", m.Method, "err", err)
 		return

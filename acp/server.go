@@ -57,6 +57,9 @@ type LineStream struct {
 	// for the peer to read, or a peer that writes all its requests before
 	// it reads waits for sandboxd as sandboxd waits for it. Beyond its
 	// capacity the reader waits after all.
+	// params are those of the request read last (Params).
+	params json.RawMessage
+
 	late      chan []byte
 	lateOnce  sync.Once
 	closed    chan struct{}
@@ -108,21 +111,6 @@ func (s *LineStream) WriteObject(obj any) error {
 // such an id as this string, and WriteObject gives the answer the number
 // back. A peer's own string id may not start with it.
 const negativeID = "\x00negative id "
-
-// asNegativeID rewrites a request with a negative integer id to carry it
-// as a negativeID string; ok is false when the id is not an integer.
-func asNegativeID(line, id []byte) (out []byte, ok bool) {
-	if _, err := strconv.ParseInt(string(id), 10, 64); err != nil {
-		return nil, false
-	}
-	var m map[string]json.RawMessage
-	if json.Unmarshal(line, &m) != nil {
-		return nil, false
-	}
-	m["id"], _ = json.Marshal(negativeID + string(id))
-	out, err := json.Marshal(m)
-	return out, err == nil
-}
 
 // restoreNegativeID puts the number back in a response whose id, its
 // first member as the library writes it, is a negativeID string.
@@ -257,16 +245,24 @@ func (s *LineStream) ReadObject(v any) error {
 			s.replyError(nil, CodeInvalidRequest, errNullID.Message)
 			continue
 		}
+		libID := id
 		if len(id) > 0 && id[0] == '-' {
-			out, ok := asNegativeID(line, id)
-			if !ok {
+			if _, err := strconv.ParseInt(string(id), 10, 64); err != nil {
 				s.replyError(id, CodeInvalidRequest, "invalid request: an id must be an integer or a string")
 				continue
 			}
-			line = out
+			libID, _ = json.Marshal(negativeID + string(id))
 		} else if str := ""; len(id) > 0 && json.Unmarshal(id, &str) == nil && strings.HasPrefix(str, negativeID) {
 			s.replyError(id, CodeInvalidRequest, "invalid request: string ids starting with NUL are reserved")
 			continue
+		}
+		if len(id) > maxIDSize {
+			s.replyError(nil, CodeInvalidRequest, fmt.Sprintf("invalid request: an id longer than %d bytes", maxIDSize))
+			continue
+		}
+		var params json.RawMessage
+		if head != nil {
+			line, params = slimMessage(head, libID)
 		}
 		// Decoded into a zero message every time: a failed decode leaves
 		// what it read of the request in v, which a response decoded
@@ -282,8 +278,48 @@ func (s *LineStream) ReadObject(v any) error {
 			reflect.ValueOf(v).Elem().SetZero()
 			continue
 		}
+		s.params = params
 		return nil
 	}
+}
+
+// maxIDSize bounds a request id: an id is held, twice, for as long as its
+// request runs.
+const maxIDSize = 1024
+
+// slimMessage is the message the JSON-RPC library is given for one read
+// as head (its members): jsonrpc, id (as libID), and a request's method,
+// or a response's result and error. Unknown members, which the library
+// would keep with the request for as long as it runs, decoded into
+// generic values at tens of times their size, are left out, and so are a
+// request's params, which it would decode so and encode again: they are
+// returned as the peer sent them, for Params.
+func slimMessage(head map[string]json.RawMessage, libID json.RawMessage) (msg []byte, params json.RawMessage) {
+	slim := map[string]json.RawMessage{"jsonrpc": head["jsonrpc"]}
+	if libID != nil {
+		slim["id"] = libID
+	}
+	if method, ok := head["method"]; ok {
+		slim["method"] = method
+		params = head["params"]
+	} else {
+		for _, k := range []string{"result", "error"} {
+			if v, ok := head[k]; ok {
+				slim[k] = v
+			}
+		}
+	}
+	msg, _ = json.Marshal(slim) // raw values of a valid message
+	return msg, params
+}
+
+// Params returns, once, the params of the request ReadObject returned
+// last, as the peer sent them (nil when it sent none). The library calls
+// its handler for a request before it reads the next.
+func (s *LineStream) Params() json.RawMessage {
+	p := s.params
+	s.params = nil
+	return p
 }
 
 // errNullID answers a request whose id is null, which JSON-RPC 2.0 allows
@@ -322,8 +358,9 @@ type RequestHandler interface {
 // goroutine, so a long terminal/wait_for_exit does not hold up others, and
 // cancels a request's context on $/cancel_request.
 type Dispatcher struct {
-	h   RequestHandler
-	log *slog.Logger
+	h      RequestHandler
+	stream *LineStream // of the connection, for each request's params
+	log    *slog.Logger
 
 	limit *requestLimiter
 	// late bounds the replies the reader hands to goroutines of their
@@ -337,22 +374,23 @@ type Dispatcher struct {
 	pending map[string]context.CancelFunc
 }
 
-// NewDispatcher wraps h.
-func NewDispatcher(h RequestHandler, log *slog.Logger) *Dispatcher {
-	return &Dispatcher{h: h, log: log, pending: make(map[string]context.CancelFunc), limit: newRequestLimiter(), late: make(chan struct{}, lateReplies)}
+// NewDispatcher wraps h, for a connection that reads from stream.
+func NewDispatcher(h RequestHandler, stream *LineStream, log *slog.Logger) *Dispatcher {
+	return &Dispatcher{h: h, stream: stream, log: log, pending: make(map[string]context.CancelFunc), limit: newRequestLimiter(), late: make(chan struct{}, lateReplies)}
 }
 
 // Handle implements jsonrpc2.Handler. It is called in message order, so a
 // request's cancel func is registered before any later $/cancel_request for
 // it is seen.
 func (d *Dispatcher) Handle(ctx context.Context, conn *jsonrpc2.Conn, req *jsonrpc2.Request) {
+	params := d.stream.Params()
 	if req.Method == MethodCancel {
 		if !req.Notif && d.inFlight(req.ID) {
 			// Its answer would be a second one to the request in flight.
 			d.later(func() { d.replyError(ctx, conn, req, duplicateID(idText(req.ID))) })
 			return
 		}
-		d.cancel(req)
+		d.cancel(params)
 		if !req.Notif {
 			// Sent as a request: it gets its answer.
 			d.later(func() {
@@ -364,7 +402,7 @@ func (d *Dispatcher) Handle(ctx context.Context, conn *jsonrpc2.Conn, req *jsonr
 		return
 	}
 	if req.Notif {
-		d.notified(ctx, req)
+		d.notified(ctx, req, params)
 		return
 	}
 	if d.inFlight(req.ID) {
@@ -372,7 +410,7 @@ func (d *Dispatcher) Handle(ctx context.Context, conn *jsonrpc2.Conn, req *jsonr
 		return
 	}
 	key := req.ID.String()
-	release, err := d.limit.acquire(req.Method)
+	release, err := d.limit.acquire(req.Method, len(params)+2*len(key))
 	if err != nil {
 		d.later(func() { d.replyError(ctx, conn, req, err) })
 		return
@@ -383,10 +421,6 @@ func (d *Dispatcher) Handle(ctx context.Context, conn *jsonrpc2.Conn, req *jsonr
 	d.mu.Unlock()
 	started := d.work.Go(func() {
 		defer release() // after the reply is written: it holds the memory
-		var params json.RawMessage
-		if req.Params != nil {
-			params = *req.Params
-		}
 		res, built, err := d.limit.run(rctx, d.h, req.Method, params)
 		defer built() // after the reply is written
 		// Before the reply: a peer may reuse the id as soon as it has it.
@@ -398,7 +432,7 @@ func (d *Dispatcher) Handle(ctx context.Context, conn *jsonrpc2.Conn, req *jsonr
 			d.replyError(ctx, conn, req, err)
 			return
 		}
-		if rerr := conn.Reply(ctx, req.ID, res); rerr != nil {
+		if rerr := d.reply(req.ID, res); rerr != nil {
 			d.log.Debug("reply", "method", req.Method, "err", rerr)
 		}
 	})
@@ -415,19 +449,15 @@ func (d *Dispatcher) Handle(ctx context.Context, conn *jsonrpc2.Conn, req *jsonr
 // notified acts on a notification that asks for something done without an
 // answer: JSON-RPC still runs it. Of the terminal methods only kill and
 // release mean anything without their answer.
-func (d *Dispatcher) notified(ctx context.Context, req *jsonrpc2.Request) {
+func (d *Dispatcher) notified(ctx context.Context, req *jsonrpc2.Request, params json.RawMessage) {
 	if !actsWithoutAnswer(req.Method) {
 		d.log.Debug("ignored notification", "method", req.Method)
 		return
 	}
-	release, err := d.limit.acquire(req.Method)
+	release, err := d.limit.acquire(req.Method, len(params))
 	if err != nil {
 		d.log.Warn("notification not run", "method", req.Method, "err", err)
 		return
-	}
-	var params json.RawMessage
-	if req.Params != nil {
-		params = *req.Params
 	}
 	started := d.work.Go(func() {
 		defer release()
@@ -470,6 +500,28 @@ func duplicateID(id string) error {
 	return &jsonrpc2.Error{Code: CodeInvalidRequest, Message: fmt.Sprintf("id %.100s is already in use by a request in flight", id)}
 }
 
+// reply writes the answer to a request itself, encoded once and without
+// the HTML escaping encoding/json does by default: through the library a
+// terminal's output (up to 16 MiB) was encoded twice, copied four times,
+// and grew six-fold for every '<', '>' and '&'.
+func (d *Dispatcher) reply(id jsonrpc2.ID, res any) error {
+	if res == nil {
+		res = json.RawMessage("null")
+	}
+	wire, err := json.Marshal(id)
+	if err != nil {
+		return err
+	}
+	if id.IsString && strings.HasPrefix(id.Str, negativeID) {
+		wire = json.RawMessage(strings.TrimPrefix(id.Str, negativeID))
+	}
+	b, err := marshal(response{JSONRPC: "2.0", ID: wire, Result: res})
+	if err != nil {
+		return err
+	}
+	return d.stream.WriteLine(b)
+}
+
 func (d *Dispatcher) replyError(ctx context.Context, conn *jsonrpc2.Conn, req *jsonrpc2.Request, err error) {
 	if rerr := conn.ReplyWithError(ctx, req.ID, rpcError(ctx, err)); rerr != nil {
 		d.log.Debug("reply", "method", req.Method, "err", rerr)
@@ -493,15 +545,15 @@ func (d *Dispatcher) later(reply func()) {
 	}
 }
 
-func (d *Dispatcher) cancel(req *jsonrpc2.Request) {
-	if req.Params == nil {
+func (d *Dispatcher) cancel(params json.RawMessage) {
+	if params == nil {
 		return
 	}
 	var p struct {
 		RequestID json.RawMessage `json:"requestId"`
 	}
 	var id jsonrpc2.ID
-	if err := json.Unmarshal(*req.Params, &p); err != nil || len(p.RequestID) == 0 || string(p.RequestID) == "null" {
+	if err := json.Unmarshal(params, &p); err != nil || len(p.RequestID) == 0 || string(p.RequestID) == "null" {
 		d.log.Debug("bad $/cancel_request", "err", err)
 		return
 	}
@@ -531,9 +583,9 @@ func (d *Dispatcher) cancelAll() {
 // Serve answers ACP terminal requests on rwc until the peer disconnects,
 // then closes every session the connection opened.
 func Serve(ctx context.Context, rwc io.ReadWriteCloser, t *Terminals, log *slog.Logger) error {
-	d := NewDispatcher(t, log)
 	stream := NewLineStream(rwc, log)
 	stream.max = MaxRequestSize
+	d := NewDispatcher(t, stream, log)
 	conn := jsonrpc2.NewConn(ctx, stream, d, jsonrpc2.SetLogger(debugLog{log}))
 	select {
 	case <-conn.DisconnectNotify():

@@ -29,6 +29,9 @@ func (echoHandler) Handle(ctx context.Context, method string, params json.RawMes
 	switch method {
 	case "echo":
 		return params, nil
+	case "params":
+		// As a string, so that the answer shows the very bytes.
+		return string(params), nil
 	case "block":
 		<-ctx.Done()
 		return nil, &jsonrpc2.Error{Code: CodeCancelled, Message: "request cancelled"}
@@ -43,6 +46,9 @@ type pipeConn struct {
 
 func (pipeConn) Close() error { return nil }
 
+// rawReply is where serveLines's recv keeps the reply line as written.
+const rawReply = "\x00raw"
+
 // serveLines runs the dispatcher over pipes and returns a way to send lines
 // and read reply lines.
 func serveLines(t *testing.T) (send func(string), recv func() map[string]any) {
@@ -50,7 +56,8 @@ func serveLines(t *testing.T) (send func(string), recv func() map[string]any) {
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	conn := jsonrpc2.NewConn(context.Background(), NewLineStream(pipeConn{inR, outW}, log), NewDispatcher(echoHandler{}, log))
+	stream := NewLineStream(pipeConn{inR, outW}, log)
+	conn := jsonrpc2.NewConn(context.Background(), stream, NewDispatcher(echoHandler{}, stream, log))
 	t.Cleanup(func() {
 		inW.Close()
 		conn.Close()
@@ -76,6 +83,7 @@ func serveLines(t *testing.T) (send func(string), recv func() map[string]any) {
 			if bytes.Count(b, []byte("\n")) != 1 {
 				t.Fatalf("reply is not one line: %q", b)
 			}
+			m[rawReply] = string(b)
 			return m
 		case <-time.After(10 * time.Second):
 			t.Fatal("no reply")
@@ -283,6 +291,58 @@ func TestNegativeIDs(t *testing.T) {
 	send(`{"jsonrpc":"2.0","id":4,"method":"echo","params":{}}`)
 	if rep := recv(); rep["id"] != float64(4) || rep["error"] != nil {
 		t.Errorf("reply = %v", rep)
+	}
+}
+
+// TestRequestsReachTheHandlerAsSent: the handler gets a request's params
+// byte for byte as the peer wrote them, and nothing of the members it does
+// not know (which the JSON-RPC library would hold, decoded, at tens of
+// times their size, for as long as the request runs); an id too long to
+// hold is refused.
+func TestRequestsReachTheHandlerAsSent(t *testing.T) {
+	send, recv := serveLines(t)
+	params := `{ "b":1.0e2, "a":"<\u00e9>", "c":[ ] }`
+	send(`{"jsonrpc":"2.0","id":1,"method":"params","params":` + params + `,"x":[` + strings.Repeat(`{},`, 100000) + `{}],"meta":{"y":1}}`)
+	rep := recv()
+	if rep["result"] != params {
+		t.Errorf("params reached the handler as %v, want %s", rep["result"], params)
+	}
+	// Answers are written without HTML escaping: a terminal's output of
+	// '<' would grow six-fold.
+	if raw := rep[rawReply].(string); !strings.Contains(raw, `"a\":\"<\\u00e9>\"`) {
+		t.Errorf("answer %s: want '<' and '>' as they are", raw)
+	}
+	send(`{"jsonrpc":"2.0","id":2,"method":"params"}`)
+	if rep := recv(); rep["result"] != "" || rep["id"] != float64(2) {
+		t.Errorf("reply = %v, want no params", rep)
+	}
+	send(`{"jsonrpc":"2.0","id":"` + strings.Repeat("i", maxIDSize) + `","method":"echo","params":{}}`)
+	if rep := recv(); errCode(rep) != CodeInvalidRequest || rep["id"] != nil {
+		t.Errorf("reply = %v, want -32600 with a null id for an id too long", rep)
+	}
+	send(`{"jsonrpc":"2.0","id":3,"method":"echo","params":{}}`)
+	if rep := recv(); rep["id"] != float64(3) || rep["error"] != nil {
+		t.Errorf("reply = %v", rep)
+	}
+}
+
+func TestSlimMessage(t *testing.T) {
+	for _, tc := range []struct {
+		line, want, params string
+	}{
+		{`{"jsonrpc":"2.0","id":1,"method":"m","params":{"a":1},"x":[1],"meta":2}`, `{"id":1,"jsonrpc":"2.0","method":"m"}`, `{"a":1}`},
+		{`{"jsonrpc":"2.0","method":"m","params":null}`, `{"jsonrpc":"2.0","method":"m"}`, `null`},
+		{`{"jsonrpc":"2.0","id":"a","result":{"r":1},"x":1}`, `{"id":"a","jsonrpc":"2.0","result":{"r":1}}`, ``},
+		{`{"jsonrpc":"2.0","id":"a","error":{"code":1}}`, `{"error":{"code":1},"id":"a","jsonrpc":"2.0"}`, ``},
+	} {
+		var head map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(tc.line), &head); err != nil {
+			t.Fatal(err)
+		}
+		msg, params := slimMessage(head, head["id"])
+		if string(msg) != tc.want || string(params) != tc.params {
+			t.Errorf("slimMessage(%s) = %s, %s; want %s, %s", tc.line, msg, params, tc.want, tc.params)
+		}
 	}
 }
 
