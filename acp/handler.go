@@ -69,6 +69,9 @@ type Terminals struct {
 	// it with again once the manager closed it for being idle (nil: as
 	// a new one, from the request that comes).
 	sessions map[string]*sandbox.SessionSpec
+	// opening counts the requests opening each session: an open that
+	// failed forgets the session only when no other is under way.
+	opening map[string]int
 	// closed says the connection ended: a request still under way opens
 	// no session any more, which nothing would close.
 	closed bool
@@ -93,7 +96,7 @@ var errClosed = &jsonrpc2.Error{Code: CodeCancelled, Message: "the connection is
 // give sessions their image, network and limits where set.
 func NewTerminals(m *sandbox.Manager, scope, workspace string, defaults sandbox.SessionSpec) *Terminals {
 	return &Terminals{m: m, scope: scope, workspace: workspace, defaults: defaults,
-		sessions: make(map[string]*sandbox.SessionSpec), ended: make(map[string]bool)}
+		sessions: make(map[string]*sandbox.SessionSpec), opening: make(map[string]int), ended: make(map[string]bool)}
 }
 
 // Manager returns the sandbox manager behind the service.
@@ -331,6 +334,7 @@ func (t *Terminals) open(ctx context.Context, sid string, spec sandbox.SessionSp
 		return nil, errClosed
 	}
 	t.sessions[sid] = again
+	t.opening[sid]++
 	t.mu.Unlock()
 	var (
 		s   *sandbox.Session
@@ -341,19 +345,24 @@ func (t *Terminals) open(ctx context.Context, sid string, spec sandbox.SessionSp
 	} else {
 		s, err = t.m.OpenOrGet(ctx, t.key(sid), spec)
 	}
+	t.mu.Lock()
+	if t.opening[sid]--; t.opening[sid] == 0 {
+		delete(t.opening, sid)
+	}
+	t.mu.Unlock()
 	if err != nil {
 		// A session that fails to open again keeps what it opens with
-		// for the next try; a new one is forgotten. A request asked off
-		// cannot tell (the manager would only answer that it was asked
-		// off) and leaves the entry: another request may be opening the
-		// same session, and one that finds no session behind it opens
-		// it anew.
-		if ctx.Err() != nil {
-			return nil, err
-		}
-		if _, gerr := t.m.Get(ctx, t.key(sid)); gerr != nil && (again == nil || explicit) {
+		// for the next try; a new one is forgotten, unless another
+		// request is opening it or opened it meanwhile. (A request asked
+		// off learns of one still starting only that it was asked off.)
+		if again == nil || explicit {
+			_, gerr := t.m.Get(ctx, t.key(sid))
 			t.mu.Lock()
-			delete(t.sessions, sid)
+			if errors.Is(gerr, sandbox.ErrNotFound) || gerr != nil && ctx.Err() == nil {
+				if t.opening[sid] == 0 {
+					delete(t.sessions, sid)
+				}
+			}
 			t.mu.Unlock()
 		}
 		return nil, err
@@ -442,18 +451,29 @@ func (t *Terminals) Session(ctx context.Context, id string) (*sandbox.Session, e
 	return t.session(ctx, id)
 }
 
+// output finds the terminal; its output is read into the answer only
+// once the connection's limiter lets the answer be built (outputAnswer).
 func (t *Terminals) output(ctx context.Context, params json.RawMessage) (any, error) {
 	_, term, err := t.terminal(ctx, params)
 	if err != nil {
 		return nil, err
 	}
-	out, truncated, st := term.Output()
+	return outputAnswer{term}, nil
+}
+
+// outputAnswer is a terminal/output answer still to be built: the finding
+// of its terminal (which may wait for its session to start) takes none of
+// the few answers of its size a connection may build at once.
+type outputAnswer struct{ term *sandbox.Terminal }
+
+func (a outputAnswer) build() any {
+	out, truncated, st := a.term.Output()
 	res := TerminalOutputResponse{Output: string(out), Truncated: truncated}
 	if st != nil {
 		es := exitStatus(*st)
 		res.ExitStatus = &es
 	}
-	return res, nil
+	return res
 }
 
 func (t *Terminals) waitForExit(ctx context.Context, params json.RawMessage) (any, error) {

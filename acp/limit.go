@@ -75,13 +75,22 @@ func (l *requestLimiter) build(ctx context.Context, method string) (release func
 	}
 }
 
-// run has h answer a request once the limiter lets it build the answer;
-// done gives back what building it took, for after the answer is written.
+// lazyAnswer is an answer a handler leaves to be built once the limiter
+// lets it (outputAnswer).
+type lazyAnswer interface{ build() any }
+
+// run has h answer a request, and builds a lazy answer once the limiter
+// lets it; done gives back what building it took, for after the answer
+// is written.
 func (l *requestLimiter) run(ctx context.Context, h RequestHandler, method string, params json.RawMessage) (res any, done func(), err error) {
+	res, err = h.Handle(ctx, method, params)
+	lazy, ok := res.(lazyAnswer)
+	if err != nil || !ok {
+		return res, func() {}, err
+	}
 	built, err := l.build(ctx, method)
 	if err != nil {
 		return nil, func() {}, err
 	}
-	res, err = h.Handle(ctx, method, params)
-	return res, built, err
+	return lazy.build(), built, nil
 }

@@ -2,6 +2,7 @@ package acp
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 )
@@ -63,5 +64,50 @@ func TestRequestLimiter(t *testing.T) {
 	slots[0]()
 	if _, err := l.build(ctx, MethodOutput); err != nil {
 		t.Fatalf("output after a release: %v", err)
+	}
+}
+
+// slowLookup answers terminal/output lazily, after waiting for wait (a
+// session still starting) when the params say "slow".
+type slowLookup struct{ wait chan struct{} }
+
+type builtAnswer string
+
+func (a builtAnswer) build() any { return string(a) }
+
+func (h slowLookup) Handle(ctx context.Context, method string, params json.RawMessage) (any, error) {
+	if string(params) == `"slow"` {
+		<-h.wait
+	}
+	return builtAnswer("out"), nil
+}
+
+// TestOutputsWaitingForTheirSessionHoldNoSlot: terminal/output requests
+// whose terminal is still being found (their session starting) take none
+// of the slots of answers being built, so others are answered meanwhile.
+func TestOutputsWaitingForTheirSessionHoldNoSlot(t *testing.T) {
+	l := newRequestLimiter()
+	h := slowLookup{wait: make(chan struct{})}
+	ctx := context.Background()
+	slow := make(chan any, outputSlots)
+	for range outputSlots {
+		go func() {
+			res, done, _ := l.run(ctx, h, MethodOutput, json.RawMessage(`"slow"`))
+			done()
+			slow <- res
+		}()
+	}
+	short, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	res, done, err := l.run(short, h, MethodOutput, json.RawMessage(`"quick"`))
+	if err != nil || res != "out" {
+		t.Fatalf("output while others wait for their session: %v, %v", res, err)
+	}
+	done()
+	close(h.wait)
+	for range outputSlots {
+		if res := <-slow; res != "out" {
+			t.Errorf("slow output = %v", res)
+		}
 	}
 }

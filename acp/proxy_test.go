@@ -1177,6 +1177,30 @@ func TestCancelledCreateLeavesTheSessionToAnother(t *testing.T) {
 	}
 }
 
+// TestFailedOpensAreForgotten: a new session whose open failed is
+// forgotten also when its request was asked off, so that a peer cannot
+// fill the connection's memory with sessions that never opened.
+func TestFailedOpensAreForgotten(t *testing.T) {
+	e := newFakeEngine(t)
+	ws := t.TempDir()
+	terms := NewTerminals(e.m, "test", ws, sandbox.SessionSpec{})
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	for i, ctx := range []context.Context{context.Background(), cancelled} {
+		spec := terms.defaults
+		spec.ID, spec.Workspace, spec.Dir = fmt.Sprint("s", i), ws, filepath.Join(ws, "missing")
+		if _, err := terms.open(ctx, spec.ID, spec, nil, false); err == nil {
+			t.Fatalf("open %s with a missing cwd: no error", spec.ID)
+		}
+	}
+	terms.mu.Lock()
+	left, opening := len(terms.sessions), len(terms.opening)
+	terms.mu.Unlock()
+	if left != 0 || opening != 0 {
+		t.Errorf("%d sessions and %d opens left after failed opens, want none", left, opening)
+	}
+}
+
 // TestCancelledReleaseStillReleases: a terminal/release asked off while
 // its kill waits has released the terminal all the same (its id is gone,
 // the sweep ends what is left), and says so rather than -32800.
