@@ -20,11 +20,16 @@ func IsTerminal(fd int) bool {
 	return err == nil
 }
 
-// SizeOf returns the size of the terminal fd.
+// SizeOf returns the size of the terminal fd. A terminal whose size is
+// 0x0 (one no emulator sized, a serial line) does not know it: that is an
+// error, so that the caller picks a size of its own.
 func SizeOf(fd int) (Size, error) {
 	var ws struct{ Row, Col, X, Y uint16 }
 	if _, _, errno := syscall.Syscall(syscall.SYS_IOCTL, uintptr(fd), syscall.TIOCGWINSZ, uintptr(unsafe.Pointer(&ws))); errno != 0 {
 		return Size{}, fmt.Errorf("terminal size of fd %d: %w", fd, errno)
+	}
+	if ws.Col == 0 || ws.Row == 0 {
+		return Size{}, fmt.Errorf("terminal size of fd %d: unknown (%dx%d)", fd, ws.Col, ws.Row)
 	}
 	return Size{Cols: uint(ws.Col), Rows: uint(ws.Row)}, nil
 }

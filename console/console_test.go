@@ -53,6 +53,15 @@ func TestSizes(t *testing.T) {
 			t.Errorf("SizeOf = %v, %v; want %v", got, err, size)
 		}
 	}
+	// A terminal nobody sized does not know its size.
+	for _, size := range []Size{{0, 0}, {80, 0}, {0, 24}} {
+		if err := SetSize(int(ptm.Fd()), size); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := SizeOf(int(pts.Fd())); err == nil {
+			t.Errorf("SizeOf of a %dx%d terminal = %v, want an error", size.Cols, size.Rows, got)
+		}
+	}
 }
 
 // TestRawAndRestore: raw mode turns off what would keep keys from the

@@ -333,6 +333,46 @@ func TestRunIntoAClosedPipe(t *testing.T) {
 	assertNoContainers(t, cmd.Process.Pid)
 }
 
+// TestRunStopsWhileItsReaderDoesNotRead: SIGTERM stops `sandboxd run`
+// whose output's reader stopped reading (`| less` left open), and the
+// container goes: the stream from the engine is read on, or the kill
+// could not get through.
+func TestRunStopsWhileItsReaderDoesNotRead(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd, out, stderr := startRun(t, ctx, testEnv.config, "y\n", "yes")
+	defer out.Close()
+	// Nothing more is read: the pipe fills, and the command with it.
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	if ctx.Err() != nil {
+		t.Fatalf("sandboxd did not stop while its reader read nothing; stderr %q", stderr.String())
+	}
+	assertNoContainers(t, cmd.Process.Pid)
+}
+
+// TestRunIntoAFullDisk: output that cannot be written (`> /dev/full`) ends
+// the command, and sandboxd says so and exits 125, rather than 0 with the
+// output lost.
+func TestRunIntoAFullDisk(t *testing.T) {
+	full, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
+	if err != nil {
+		t.Skip(err)
+	}
+	defer full.Close()
+	cmd := exec.Command(testEnv.bin, "run", "--config", testEnv.config, "--", "echo", "hi")
+	cmd.Dir = workspace(t)
+	var stderr lockedBuffer
+	cmd.Stdout, cmd.Stderr = full, &stderr
+	cmd.Run()
+	if code := cmd.ProcessState.ExitCode(); code != 125 || !strings.Contains(stderr.String(), "no space left on device") {
+		t.Errorf("exit %d, stderr %q; want 125 and the write's error", code, stderr.String())
+	}
+	assertNoContainers(t, cmd.Process.Pid)
+}
+
 // TestExitRemovesContainersLeftBehind: a container of the instance that no
 // session holds any more (its removal failed while the engine was busy) is
 // removed when sandboxd exits, not left for a next start that may never

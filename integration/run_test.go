@@ -162,24 +162,30 @@ func ioctl(f *os.File, req uintptr, arg unsafe.Pointer) error {
 // the next image build runs on the host.
 func TestOwnFilesInTheWorkspaceAreRefused(t *testing.T) {
 	ws := workspace(t)
-	cfg := filepath.Join(ws, "sandbox.toml")
+	// The configuration in a workspace of sandboxd's own user: in one
+	// of another user's, that user could change it, and it is refused
+	// as such first (below).
+	own := t.TempDir()
+	cfg := filepath.Join(own, "sandbox.toml")
 	writeFile(t, cfg, "")
 	tests := []struct {
-		name string
-		args []string
-		env  string
-		want string
+		name, ws string
+		args     []string
+		env      string
+		want     string
 	}{
-		{"configuration", []string{"--config", cfg}, "", cfg},
-		{"package cache", []string{"--config", testEnv.config}, "XDG_CACHE_HOME=" + filepath.Join(ws, ".cache"), filepath.Join(ws, ".cache", "sandboxd", "debs")},
+		{"configuration", own, []string{"--config", cfg}, "", "holds " + cfg + ", a file of sandboxd's own"},
+		{"package cache", ws, []string{"--config", testEnv.config}, "XDG_CACHE_HOME=" + filepath.Join(ws, ".cache"), "holds " + filepath.Join(ws, ".cache", "sandboxd", "debs") + ", a file of sandboxd's own"},
+		{"configuration another user could change", ws, []string{"--config", filepath.Join(ws, "sandbox.toml")}, "", "is owned by uid"},
 	}
+	writeFile(t, filepath.Join(ws, "sandbox.toml"), "")
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			r := runSandboxd(t, ws, nil, []string{tc.env}, append(append([]string{"run"}, tc.args...), "--", "touch", "ran")...)
-			if r.code != 125 || !strings.Contains(r.output(), "holds "+tc.want+", a file of sandboxd's own") {
-				t.Errorf("exit %d, output %q; want 125 naming %s", r.code, r.output(), tc.want)
+			r := runSandboxd(t, tc.ws, nil, []string{tc.env}, append(append([]string{"run"}, tc.args...), "--", "touch", "ran")...)
+			if r.code != 125 || !strings.Contains(r.output(), tc.want) {
+				t.Errorf("exit %d, output %q; want 125 and %q", r.code, r.output(), tc.want)
 			}
-			if _, err := os.Stat(filepath.Join(ws, "ran")); err == nil {
+			if _, err := os.Stat(filepath.Join(tc.ws, "ran")); err == nil {
 				t.Error("the command ran")
 			}
 			assertNoContainers(t, r.pid)

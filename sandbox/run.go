@@ -6,8 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"path/filepath"
 	"regexp"
+	"strings"
+	"sync"
 	"syscall"
+	"time"
 
 	"github.com/sandboxd/sandboxd/console"
 )
@@ -17,10 +21,13 @@ import (
 // own, or 128+n when signal n ended it. When ctx ends (Ctrl-C), the command
 // is killed and its status returned as usual.
 //
-// A write to cmd.Stdout or cmd.Stderr that fails with EPIPE (the reader of
-// `sandboxd run ... | head` went away; sandboxd does not die of SIGPIPE)
-// ends the command the same way, and Run returns 128+SIGPIPE, what a
-// shell reports for a command that SIGPIPE ended.
+// A write to cmd.Stdout or cmd.Stderr that fails ends the command the same
+// way: with EPIPE (the reader of `sandboxd run ... | head` went away;
+// sandboxd does not die of SIGPIPE) Run returns 128+SIGPIPE, what a shell
+// reports for a command that SIGPIPE ended, whether or not the command was
+// done by then; with another error (a full disk) it returns that error.
+// Output that a reader stopped taking does not hold the run up once it is
+// stopping (runOutput).
 //
 // A TTY command is resized to each size that comes on resize, which may be
 // nil.
@@ -29,11 +36,21 @@ func Run(ctx context.Context, m *Manager, spec SessionSpec, cmd Command, resize 
 	cleanup := context.WithoutCancel(ctx)
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	var outputs []*runOutput
 	for _, w := range []*io.Writer{&cmd.Stdout, &cmd.Stderr} {
 		if *w != nil {
-			*w = pipeWriter{*w, cancel}
+			o := newRunOutput(*w, cancel, ctx.Done())
+			outputs = append(outputs, o)
+			*w = o
 		}
 	}
+	// Last, after every write and the reaper's line: what is queued goes
+	// out before Run returns.
+	defer func() {
+		for _, o := range outputs {
+			o.close(outputGrace)
+		}
+	}()
 	var reaperMsg *reaperMessage
 	if m.reaper && cmd.Stderr != nil {
 		image := spec.Image
@@ -45,6 +62,19 @@ func Run(ctx context.Context, m *Manager, spec SessionSpec, cmd Command, resize 
 		// What it holds back goes out once the command is done.
 		defer reaperMsg.flush()
 	}
+	code, err := run(ctx, cleanup, m, spec, cmd, resize)
+	switch cause := context.Cause(ctx); {
+	case errors.Is(cause, syscall.EPIPE):
+		// Also when the command was done by then: not all of its
+		// output reached the reader.
+		return 128 + int(syscall.SIGPIPE), nil
+	case errors.As(cause, new(*outputError)):
+		return 0, cause
+	}
+	return code, err
+}
+
+func run(ctx, cleanup context.Context, m *Manager, spec SessionSpec, cmd Command, resize <-chan console.Size) (int, error) {
 	s, err := m.Open(ctx, "run\x00"+spec.ID, spec)
 	if err != nil {
 		return 0, err
@@ -84,32 +114,132 @@ func Run(ctx context.Context, m *Manager, spec SessionSpec, cmd Command, resize 
 		if kerr := t.Kill(cleanup); kerr != nil {
 			return 0, kerr
 		}
-		st, err = t.Wait(cleanup)
-		if err != nil {
+		if st, err = t.Wait(cleanup); err != nil {
 			return 0, err
 		}
-		if errors.Is(context.Cause(ctx), errBrokenPipe) {
-			return 128 + int(syscall.SIGPIPE), nil
-		}
+	}
+	if st == (ExitStatus{}) {
+		// The engine could not say (it went away): no code of the
+		// command's, 255 say, may stand for it.
+		return 0, errors.New("the command's exit status is unknown: the engine did not give it (if sandboxd cannot remove its container now, `sandboxd gc` will)")
 	}
 	return ExitCode(st), nil
 }
 
-var errBrokenPipe = errors.New("output reader went away")
-
-// pipeWriter passes writes on to w and ends the run at the first that
-// fails with EPIPE.
-type pipeWriter struct {
-	w      io.Writer
-	cancel context.CancelCauseFunc
+// WorkDir returns where a run in workspace whose -w names dir (relative to
+// workspace unless absolute) is to run, as the container shows it (the
+// workspace at its own path). Links are resolved as the host would, in
+// both: a link in the workspace that leads out of it is refused, and a
+// path into the workspace through another link is taken.
+func WorkDir(workspace, dir string) (string, error) {
+	if !filepath.IsAbs(dir) {
+		dir = filepath.Join(workspace, dir)
+	}
+	realWS, err := filepath.EvalSymlinks(workspace)
+	if err != nil {
+		return "", err
+	}
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return "", err
+	}
+	rel, err := filepath.Rel(realWS, real)
+	if err != nil || !Within(realWS, real) {
+		if filepath.Clean(dir) != real {
+			return "", fmt.Errorf("%s leads to %s, outside the workspace %s", dir, real, workspace)
+		}
+		return "", fmt.Errorf("%s is outside the workspace %s", dir, workspace)
+	}
+	inside := filepath.Join(workspace, rel)
+	if err := CheckIsDir(inside); err != nil {
+		return "", errors.New(strings.TrimPrefix(err.Error(), ErrInvalid.Error()+": cwd: "))
+	}
+	return inside, nil
 }
 
-func (p pipeWriter) Write(b []byte) (int, error) {
-	n, err := p.w.Write(b)
-	if errors.Is(err, syscall.EPIPE) {
-		p.cancel(errBrokenPipe)
+// outputGrace is how long a run that is stopping waits for a reader to
+// take the output still queued for it.
+const outputGrace = 2 * time.Second
+
+// outputError is the cause of a run ended by a failed write of its output.
+type outputError struct{ err error }
+
+func (e *outputError) Error() string { return "writing the command's output: " + e.err.Error() }
+func (e *outputError) Unwrap() error { return e.err }
+
+// runOutput passes a run's output on to w from a goroutine of its own, so
+// that a reader that stops reading (`sandboxd run ... | less`, a FIFO
+// nobody opens) never stops the stream from the engine being read: the
+// kill of a stopping run waits for that stream, and Ctrl-C would do
+// nothing. Writes wait for room while the run goes on; once it is
+// stopping, what finds no room is dropped. The first write that fails ends
+// the run (fail), with an outputError as its cause.
+type runOutput struct {
+	w        io.Writer
+	fail     context.CancelCauseFunc
+	stopping <-chan struct{}
+	queue    chan []byte
+	done     chan struct{}
+
+	mu     sync.Mutex
+	closed bool
+}
+
+func newRunOutput(w io.Writer, fail context.CancelCauseFunc, stopping <-chan struct{}) *runOutput {
+	o := &runOutput{w: w, fail: fail, stopping: stopping, queue: make(chan []byte, 16), done: make(chan struct{})}
+	go o.write()
+	return o
+}
+
+func (o *runOutput) write() {
+	defer close(o.done)
+	failed := false
+	for b := range o.queue {
+		if failed {
+			continue
+		}
+		if _, err := o.w.Write(b); err != nil {
+			failed = true
+			o.fail(&outputError{err})
+		}
 	}
-	return n, err
+}
+
+// Write queues a copy of p; it never fails, for the stream must go on
+// being read whatever becomes of the output.
+func (o *runOutput) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.closed {
+		return len(p), nil
+	}
+	b := bytes.Clone(p)
+	select {
+	case o.queue <- b:
+	case <-o.stopping:
+		select {
+		case o.queue <- b:
+		default:
+		}
+	}
+	return len(p), nil
+}
+
+// close waits for what is queued to be written; once the run is stopping,
+// for no longer than grace. Later writes are dropped.
+func (o *runOutput) close(grace time.Duration) {
+	o.mu.Lock()
+	o.closed = true
+	close(o.queue)
+	o.mu.Unlock()
+	select {
+	case <-o.done:
+	case <-o.stopping:
+		select {
+		case <-o.done:
+		case <-time.After(grace):
+		}
+	}
 }
 
 // ExitCode is the shell's view of a status: the exit code, 128+n for a
@@ -139,13 +269,19 @@ func ExitCode(st ExitStatus) int {
 type reaperMessage struct {
 	w     io.Writer
 	image string
-	head  []byte // the output's start, while it may still be that line
-	done  bool   // it is not, or was rewritten: the rest passes
+
+	// mu orders the flush at the run's end after a write of a command
+	// whose kill failed, which may still go on.
+	mu   sync.Mutex
+	head []byte // the output's start, while it may still be that line
+	done bool   // it is not, or was rewritten: the rest passes
 }
 
 var reaperFailure = regexp.MustCompile(`^\[FATAL tini \(\d+\)\] exec (.*) failed: (.*)\n`)
 
 func (r *reaperMessage) Write(p []byte) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	if r.done {
 		return r.w.Write(p)
 	}
@@ -156,7 +292,7 @@ func (r *reaperMessage) Write(p []byte) (int, error) {
 	if string(r.head[:n]) == prefix[:n] && nl < 0 && len(r.head) < 4096 {
 		return len(p), nil // more to come before it can tell
 	}
-	if err := r.flush(); err != nil {
+	if err := r.flushLocked(); err != nil {
 		return 0, err
 	}
 	return len(p), nil
@@ -165,6 +301,12 @@ func (r *reaperMessage) Write(p []byte) (int, error) {
 // flush writes what is held back, rewritten if it is the reaper's line,
 // and lets the rest pass.
 func (r *reaperMessage) flush() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.flushLocked()
+}
+
+func (r *reaperMessage) flushLocked() error {
 	r.done = true
 	head := r.head
 	r.head = nil

@@ -1,8 +1,15 @@
 package sandbox
 
 import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // TestReaperMessage: the reaper's line for a command it could not start
@@ -34,6 +41,112 @@ func TestReaperMessage(t *testing.T) {
 				t.Errorf("%s, cut at %d: %q, want %q", tc.name, cut, out.String(), tc.want)
 				break
 			}
+		}
+	}
+}
+
+// blockedWriter takes nothing until unblocked: a reader that stopped
+// reading.
+type blockedWriter struct{ unblock chan struct{} }
+
+func (w blockedWriter) Write(p []byte) (int, error) {
+	<-w.unblock
+	return len(p), nil
+}
+
+type failingWriter struct{ err error }
+
+func (w failingWriter) Write(p []byte) (int, error) { return 0, w.err }
+
+func TestRunOutput(t *testing.T) {
+	t.Run("passes everything on, in order", func(t *testing.T) {
+		var out bytes.Buffer
+		stopping := make(chan struct{})
+		o := newRunOutput(&out, func(error) { t.Error("failed") }, stopping)
+		var want bytes.Buffer
+		for i := range 1000 {
+			line := fmt.Sprintf("line %d\n", i)
+			want.WriteString(line)
+			b := []byte(line)
+			o.Write(b)
+			copy(b, "XXXX") // the caller's buffer is its own again
+		}
+		o.close(time.Minute)
+		if out.String() != want.String() {
+			t.Errorf("output differs: got %d bytes, want %d", out.Len(), want.Len())
+		}
+	})
+	t.Run("a reader that stopped reading holds up no stopping run", func(t *testing.T) {
+		w := blockedWriter{unblock: make(chan struct{})}
+		defer close(w.unblock)
+		stopping := make(chan struct{})
+		o := newRunOutput(w, func(error) {}, stopping)
+		queued := make(chan struct{})
+		go func() {
+			defer close(queued)
+			for range 100 { // more than the queue holds
+				o.Write([]byte("x\n"))
+			}
+		}()
+		close(stopping)
+		<-queued // writes no longer wait once the run is stopping
+		o.close(10 * time.Millisecond)
+		o.Write([]byte("after the end\n")) // dropped, no panic
+	})
+	t.Run("a failed write ends the run with its error", func(t *testing.T) {
+		var cause error
+		failed := make(chan struct{})
+		o := newRunOutput(failingWriter{syscall.ENOSPC}, func(err error) { cause = err; close(failed) }, make(chan struct{}))
+		if n, err := o.Write([]byte("x")); n != 1 || err != nil {
+			t.Errorf("Write = %d, %v; want it to pass, the stream must go on", n, err)
+		}
+		<-failed
+		var oe *outputError
+		if !errors.As(cause, &oe) || !errors.Is(cause, syscall.ENOSPC) {
+			t.Errorf("cause = %v, want an outputError of ENOSPC", cause)
+		}
+		o.Write([]byte("more")) // fails no second time
+		o.close(time.Minute)
+	})
+}
+
+func TestWorkDir(t *testing.T) {
+	base, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws := filepath.Join(base, "ws")
+	for _, d := range []string{"ws/sub", "elsewhere"} {
+		if err := os.MkdirAll(filepath.Join(base, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for link, target := range map[string]string{"ws/out": filepath.Join(base, "elsewhere"), "ws/in": "sub", "alias": "ws", "ws/dangling": "nowhere"} {
+		if err := os.Symlink(target, filepath.Join(base, link)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(ws, "file"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		ws, dir, want, err string
+	}{
+		{ws, "sub", ws + "/sub", ""},
+		{ws, ws + "/sub/", ws + "/sub", ""},
+		{ws, ".", ws, ""},
+		{ws, "in", ws + "/sub", ""},
+		{ws, base + "/alias/sub", ws + "/sub", ""},
+		{base + "/alias", "sub", base + "/alias/sub", ""},
+		{ws, "out", "", "leads to " + base + "/elsewhere, outside the workspace"},
+		{ws, "..", "", "is outside the workspace"},
+		{ws, "/", "", "is outside the workspace"},
+		{ws, "dangling", "", "no such file"},
+		{ws, "file", "", "is not a directory"},
+	} {
+		got, err := WorkDir(tc.ws, tc.dir)
+		if got != tc.want || tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
+			t.Errorf("WorkDir(%s, %s) = %q, %v; want %q, %q", tc.ws, tc.dir, got, err, tc.want, tc.err)
 		}
 	}
 }

@@ -137,13 +137,19 @@ func (c Command) execArgv(reaper bool) []string {
 const MaxArgLen = 128 << 10
 
 // CheckString rejects what cannot cross execve: NUL bytes and strings
-// longer than MaxArgLen. field names v in the error.
+// longer than MaxArgLen; and bytes that are not UTF-8, which cannot cross
+// the engine's API. field names v in the error.
 func CheckString(field, v string) error {
 	if strings.IndexByte(v, 0) >= 0 {
 		return fmt.Errorf("%w: %s: contains a NUL byte", ErrInvalid, field)
 	}
 	if len(v) >= MaxArgLen {
 		return fmt.Errorf("%w: %s: %d bytes is longer than the %d an argument may have", ErrInvalid, field, len(v), MaxArgLen-1)
+	}
+	if !utf8.ValidString(v) {
+		// The engine's API carries it as a JSON string, in which such
+		// bytes become U+FFFD: `rm $'caf\xe9'` would name another file.
+		return fmt.Errorf("%w: %s: %.200q holds bytes that are not UTF-8, which the engine's API cannot carry", ErrInvalid, field, v)
 	}
 	return nil
 }
@@ -399,17 +405,37 @@ func (t *Terminal) start(ctx context.Context, cwd string) error {
 	return nil
 }
 
-// feed copies Stdin to the command, and closes its input when Stdin ends.
-// A read of Stdin cannot be interrupted: feed may outlive the command,
-// until Stdin ends or the process does.
+// feed copies Stdin to the command, and closes its input when Stdin ends,
+// or fails (a directory, say: the command would wait for ever). A read of
+// Stdin cannot be interrupted: feed may outlive the command, until Stdin
+// ends or the process does.
 func (t *Terminal) feed() {
-	if _, err := io.Copy(t.conn.Conn, t.cmd.Stdin); err != nil {
-		t.session.m.log.Debug("terminal input", "terminal", t.ID, "err", err)
-		return
+	in := &readErr{r: t.cmd.Stdin}
+	if _, err := io.Copy(t.conn.Conn, in); err != nil {
+		if in.err == nil {
+			// The command's side went away: it is done reading.
+			t.session.m.log.Debug("terminal input", "terminal", t.ID, "err", err)
+			return
+		}
+		t.session.m.log.Warn("reading the command's input failed; closing it", "terminal", t.ID, "err", in.err)
 	}
 	if err := t.conn.CloseWrite(); err != nil {
 		t.session.m.log.Debug("terminal input", "terminal", t.ID, "err", err)
 	}
+}
+
+// readErr remembers the error its reader gave, to tell it from a write's.
+type readErr struct {
+	r   io.Reader
+	err error
+}
+
+func (r *readErr) Read(p []byte) (int, error) {
+	n, err := r.r.Read(p)
+	if err != nil && err != io.EOF {
+		r.err = err
+	}
+	return n, err
 }
 
 // collect drains the output until EOF, then records the exit status. It

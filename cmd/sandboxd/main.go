@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"strings"
@@ -62,12 +61,13 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		args = append([]string{"version"}, args[1:]...)
 	}
 	// SIGHUP too: closing the terminal sandboxd runs in must not leave
-	// its containers behind. A signal ignored at start (nohup, a
-	// background job of a script) stays ignored.
+	// its containers behind; and SIGQUIT (Ctrl-\), whose default, Go's
+	// goroutine dump, would leave them as well. A signal ignored at start
+	// (nohup, a background job of a script) stays ignored.
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
 	sigs := make(chan os.Signal, 1)
-	for _, sig := range []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP} {
+	for _, sig := range []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT} {
 		if !signal.Ignored(sig) {
 			signal.Notify(sigs, sig)
 		}
@@ -156,10 +156,10 @@ func watchSignals(sigs <-chan os.Signal, cancel context.CancelCauseFunc, finishe
 	select {
 	case sig := <-sigs:
 		cancel(signalCause{sig})
-		if sig == os.Interrupt {
-			// A person pressed Ctrl-C: the command's grace period may
-			// be long, and sandboxd says what it is doing meanwhile.
-			fmt.Fprintln(stderr, "sandboxd: stopping (the command, then its container); Ctrl-C again, 2 s from now, stops at once")
+		if key, typed := map[os.Signal]string{os.Interrupt: "Ctrl-C", syscall.SIGQUIT: "Ctrl-\\"}[sig]; typed {
+			// A person pressed it: the command's grace period may be
+			// long, and sandboxd says what it is doing meanwhile.
+			fmt.Fprintf(stderr, "sandboxd: stopping (the command, then its container); %s again, 2 s from now, stops at once\n", key)
 		}
 	case <-finished:
 		return
@@ -427,6 +427,7 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	fs.BoolVar(&interactive, "i", false, "pass stdin to the command")
 	fs.BoolVar(&tty, "t", false, "run the command on a terminal of the size of yours")
 	fs.BoolVar(&both, "it", false, "-i and -t: an interactive shell, say")
+	fs.BoolVar(&both, "ti", false, "the same as -it")
 	if err := parseFlags(fs, args, stdout); err != nil {
 		return 0, err
 	}
@@ -457,15 +458,9 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	if err := cmd.Check(); err != nil {
 		return 0, usageError{errors.New(unrequested(err))}
 	}
-	if dir := string(workdir); dir != "" {
-		if !filepath.IsAbs(dir) {
-			dir = filepath.Join(wd, dir)
-		}
-		if cmd.Cwd = filepath.Clean(dir); !sandbox.Within(wd, cmd.Cwd) {
-			return 0, usageError{fmt.Errorf("-w: %s is outside the workspace %s", cmd.Cwd, wd)}
-		}
-		if err := sandbox.CheckIsDir(cmd.Cwd); err != nil {
-			return 0, usageError{fmt.Errorf("-w: %s", unrequested(err))}
+	if workdir != "" {
+		if cmd.Cwd, err = sandbox.WorkDir(wd, string(workdir)); err != nil {
+			return 0, usageError{fmt.Errorf("-w: %w", err)}
 		}
 	}
 	log, closeLog, err := c.logger(stderr)

@@ -273,7 +273,9 @@ func main() {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
-		in, out = io.TeeReader(in, fin), io.MultiWriter(out, fout)
+		// The transcript first: what the editor has seen must be in it
+		// even when the agent is stopped right after.
+		in, out = io.TeeReader(in, fin), io.MultiWriter(fout, out)
 	}
 	a := &agent{sessions: make(map[string]string), stdout: out, ready: make(chan struct{})}
 	a.conn = acp.NewAgentSideConnection(a, out, in)
