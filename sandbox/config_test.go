@@ -1040,3 +1040,17 @@ func TestMergeStderrUnderTheShells(t *testing.T) {
 		t.Skip("no dash, bash or busybox here")
 	}
 }
+
+func TestKeeperUser(t *testing.T) {
+	for _, tc := range []struct{ user, want string }{
+		{"1000:1000", "2147483646:2147483646"},
+		{"65534:65534", "2147483646:2147483646"},
+		{"2147483646:5", "2147483646:5"},   // the commands' uid: theirs it stays
+		{"02147483646:5", "02147483646:5"}, // however written
+		{"2147483647:2147483647", "2147483646:2147483646"},
+	} {
+		if got := keeperUser(tc.user); got != tc.want {
+			t.Errorf("keeperUser(%s) = %s, want %s", tc.user, got, tc.want)
+		}
+	}
+}

@@ -1472,6 +1472,21 @@ func bindMount(source, target, mode string) mount.Mount {
 		BindOptions: &mount.BindOptions{NonRecursive: true}}
 }
 
+// keeper is the user the container's own processes run as: an id no
+// configuration is likely to give commands (the engine takes ids up to
+// maxUserID).
+const keeper = maxUserID - 1
+
+// keeperUser is the user of the container's own processes in a session
+// whose commands run as user: the keeper, unless that is user's uid, when
+// they stay the commands' own.
+func keeperUser(user string) string {
+	if uid, _, _ := strings.Cut(user, ":"); strings.TrimLeft(uid, "0") == strconv.Itoa(keeper) {
+		return user
+	}
+	return fmt.Sprintf("%d:%d", keeper, keeper)
+}
+
 // containerConfig is the hardened container of DESIGN.md: no network, no
 // capabilities, no privilege gain, read-only root, init, limits, a non-root
 // user, and no host path but the workspace and what the config grants.
@@ -1481,10 +1496,17 @@ func bindMount(source, target, mode string) mount.Mount {
 // follow is one that was not checked. more are mounted over them.
 func containerConfig(c SessionConfig, spec SessionSpec, binds []bind, more []mount.Mount, user string, labels map[string]string) (*container.Config, *container.HostConfig) {
 	cfg := &container.Config{
-		Image:      spec.Image,
-		Cmd:        []string{"sleep", "infinity"},
-		User:       user,
-		WorkingDir: spec.Workspace,
+		Image: spec.Image,
+		Cmd:   []string{"sleep", "infinity"},
+		// The container's own processes (its init, the sleep that keeps
+		// it up) are not the commands': a command that signals whatever
+		// its user may (`kill -9 -1`, `pkill sleep`) would stop the
+		// container, and every command of the session after it would
+		// fail. Every exec names the session's user.
+		User: keeperUser(user),
+		// The keeper may not enter the workspace, whose owner may keep
+		// others out; every exec names its own directory.
+		WorkingDir: "/",
 		Env:        []string{"HOME=/tmp", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
 		Labels:     labels,
 		Hostname:   "sandbox",
