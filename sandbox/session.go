@@ -1624,16 +1624,15 @@ func (s *Session) Release(ctx context.Context, id string) error {
 	if !s.forgetTerminal(t) {
 		return fmt.Errorf("terminal %s: %w", id, ErrNotFound)
 	}
-	if t.Exited() {
-		// Processes the command left running in the background are part
-		// of what release frees; nobody needs to wait for that.
-		s.sweepLater(id)
-	}
 	err = t.Kill(ctx)
 	t.close()
+	// Processes the command left running in the background are part of
+	// what release frees, nobody need wait for that, and the kill leaves
+	// them be when the command had exited, also just as it looked; when
+	// the kill failed, the id is gone, and the sweep is what is left to
+	// kill them with.
+	s.sweepLater(id)
 	if err != nil {
-		// Its id is gone: the sweep is what is left to kill it with.
-		s.sweepLater(id)
 		if ctx.Err() != nil {
 			// Asked off while the kill waited: released all the same,
 			// and to say otherwise would have the peer retry an id that
