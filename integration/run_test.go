@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +11,8 @@ import (
 	"testing"
 	"time"
 	"unsafe"
+
+	"github.com/moby/moby/client"
 
 	"github.com/sandboxd/sandboxd/console"
 )
@@ -229,6 +232,24 @@ func TestRootsWorkspaceSaysWhyCommandsCannotWrite(t *testing.T) {
 	r := runSandboxd(t, ws, nil, nil, "run", "--config", testEnv.config, "--", "id", "-u")
 	if r.code != 0 || r.stdout != "65534\n" || !strings.Contains(r.stderr, "the workspace is root's") {
 		t.Errorf("exit %d, stdout %q, stderr %q; want uid 65534 and the warning", r.code, r.stdout, r.stderr)
+	}
+	assertNoContainers(t, r.pid)
+}
+
+// TestHostNetworkByAnotherName: a configured network that is the engine's
+// host network, named by its id, is refused at start like "host".
+func TestHostNetworkByAnotherName(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	host, err := testEnv.cli.NetworkInspect(ctx, "host", client.NetworkInspectOptions{})
+	if err != nil {
+		t.Skipf("the engine has no host network: %v", err)
+	}
+	cfg := filepath.Join(t.TempDir(), "sandbox.toml")
+	writeFile(t, cfg, fmt.Sprintf("[session]\nnetwork = %q\n", host.Network.ID))
+	r := runSandboxd(t, workspace(t), nil, nil, "run", "--config", cfg, "--", "true")
+	if r.code != 125 || !strings.Contains(r.output(), cfg+":2: session.network: ") || !strings.Contains(r.output(), "host network") {
+		t.Errorf("exit %d, output %q; want 125 naming %s:2: session.network and the host network", r.code, r.output(), cfg)
 	}
 	assertNoContainers(t, r.pid)
 }

@@ -277,6 +277,7 @@ func TestCommandExecArgv(t *testing.T) {
 		{"merged streams, reaper", Command{Command: "ls"}, true, []string{reaperPath, "-s", "--", "/bin/sh", "-c", mergeStderr, "sh", "ls"}},
 		{"tty", Command{Command: "bash", TTY: true}, false, []string{"bash"}},
 		{"tty, reaper", Command{Command: "bash", TTY: true}, true, []string{reaperPath, "-s", "--", "bash"}},
+		{"tty of a size", Command{Command: "bash", TTY: true, Cols: 120, Rows: 50}, true, []string{reaperPath, "-s", "--", "/bin/sh", "-c", ttySize, "sh", "50", "120", "bash"}},
 		{"streams apart, reaper", Command{Command: "ls", Stdout: io.Discard, Stderr: io.Discard}, true, []string{reaperPath, "-s", "--", "ls"}},
 	}
 	for _, tc := range tests {

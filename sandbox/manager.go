@@ -101,6 +101,9 @@ func NewManager(ctx context.Context, cli *client.Client, cfg Config, log *slog.L
 	if err := cfg.Session.Limits().Validate(info.Info.NCPU); err != nil {
 		return nil, fmt.Errorf("connect to engine: the session limits do not fit the engine, which has %d CPUs: %w", info.Info.NCPU, err)
 	}
+	if err := checkNetwork(ctx, cli, cfg); err != nil {
+		return nil, err
+	}
 	in, err := NewInstance()
 	if err != nil {
 		return nil, err
@@ -129,6 +132,23 @@ func NewManager(ctx context.Context, cli *client.Client, cfg Config, log *slog.L
 		go m.reapIdle(d)
 	}
 	return m, nil
+}
+
+// checkNetwork refuses a configured network that is the engine's host
+// network under another name (its id, say), which the configuration's
+// check of the name lets pass: commands would share the host's network
+// stack. A network the engine does not know is left to a session's start
+// to report.
+func checkNetwork(ctx context.Context, cli *client.Client, cfg Config) error {
+	name := cfg.Session.Network
+	if name == "none" {
+		return nil
+	}
+	res, err := cli.NetworkInspect(ctx, name, client.NetworkInspectOptions{})
+	if err != nil || res.Network.Driver != "host" {
+		return nil
+	}
+	return cfg.settingError("session.network", "", fmt.Errorf("%q is the engine's host network (%s), which would give commands the host's network: use \"none\" or a network of its own", name, res.Network.Name))
 }
 
 // checkSources refuses, at start, a configuration whose served workspace

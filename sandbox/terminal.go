@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -109,6 +110,13 @@ func (c Command) Argv() []string {
 // cannot.
 const mergeStderr = `exec "$@" 2>&1`
 
+// ttySize is a TTY command's entry point: it sizes the terminal from
+// inside before the command runs. An engine before API 1.42 ignores the
+// size given with the exec and is resized only once the command started,
+// so a program that asks at once (stty size, a full-screen editor) would
+// mostly find 0x0. An image without stty keeps that race.
+const ttySize = `stty rows "$1" cols "$2" 2>/dev/null; shift 2; exec "$@"`
+
 // reaperPath is the engine's init (tini), which it mounts into every container
 // started with init. Each command runs behind one of its own, registered as
 // the subreaper of what the command starts: a process orphaned while the
@@ -125,6 +133,9 @@ func (c Command) execArgv(reaper bool) []string {
 	argv := c.Argv()
 	if !c.TTY && c.Stdout == nil && c.Stderr == nil {
 		argv = append([]string{"/bin/sh", "-c", mergeStderr, "sh"}, argv...)
+	}
+	if c.TTY && c.Cols > 0 && c.Rows > 0 {
+		argv = append([]string{"/bin/sh", "-c", ttySize, "sh", strconv.FormatUint(uint64(c.Rows), 10), strconv.FormatUint(uint64(c.Cols), 10)}, argv...)
 	}
 	if reaper {
 		argv = append([]string{reaperPath, "-s", "--"}, argv...)
