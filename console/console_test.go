@@ -2,6 +2,7 @@ package console
 
 import (
 	"context"
+	"io"
 	"os"
 	"syscall"
 	"testing"
@@ -131,5 +132,42 @@ func TestWatchSendsTheNewSize(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("no size after SIGWINCH")
+	}
+}
+
+// TestInputLeavesWhatComesAfterTheStop: once stop is closed, a read that
+// waits ends with EOF, and input that comes later stays for the next
+// reader (the user's shell, once the program in the sandbox ended).
+func TestInputLeavesWhatComesAfterTheStop(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	stop := make(chan struct{})
+	in, err := NewInput(r, stop)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	w.Write([]byte("before"))
+	buf := make([]byte, 64)
+	if n, err := in.Read(buf); err != nil || string(buf[:n]) != "before" {
+		t.Fatalf("Read = %q, %v; want what came before the stop", buf[:n], err)
+	}
+	ended := make(chan error, 1)
+	go func() {
+		_, err := in.Read(buf) // waits: nothing to read
+		ended <- err
+	}()
+	close(stop)
+	if err := <-ended; err != io.EOF {
+		t.Fatalf("waiting Read after the stop = %v, want EOF", err)
+	}
+	in.Close()
+	w.Write([]byte("after"))
+	if n, err := r.Read(buf); err != nil || string(buf[:n]) != "after" {
+		t.Errorf("the next reader got %q, %v; want what came after the stop", buf[:n], err)
 	}
 }

@@ -51,16 +51,21 @@ func Run(ctx context.Context, m *Manager, spec SessionSpec, cmd Command, resize 
 			o.close(outputGrace)
 		}
 	}()
-	var reaperMsg *reaperMessage
-	if m.reaper && cmd.Stderr != nil {
-		image := spec.Image
-		if image == "" {
-			image = m.cfg.Session.Image
+	image := spec.Image
+	if image == "" {
+		image = m.cfg.Session.Image
+	}
+	// The reaper's line comes on stderr; on a terminal, where the command
+	// runs behind a shell that sizes it (ttySize), the shell's.
+	for _, w := range []*io.Writer{&cmd.Stderr, &cmd.Stdout} {
+		if *w == nil || w == &cmd.Stdout && !cmd.TTY {
+			continue
 		}
-		reaperMsg = &reaperMessage{w: cmd.Stderr, image: image}
-		cmd.Stderr = reaperMsg
+		msg := &reaperMessage{w: *w, image: image}
+		*w = msg
 		// What it holds back goes out once the command is done.
-		defer reaperMsg.flush()
+		defer msg.flush()
+		break
 	}
 	code, err := run(ctx, cleanup, m, spec, cmd, resize)
 	switch cause := context.Cause(ctx); {
@@ -264,8 +269,10 @@ func ExitCode(st ExitStatus) int {
 
 // reaperMessage passes a command's stderr on, but says in sandboxd's words
 // what the reaper says in its own when the command cannot be started
-// ("[FATAL tini (7)] exec x failed: No such file or directory"): a name
-// of sandboxd's inner workings is no help to whoever typed x.
+// ("[FATAL tini (7)] exec x failed: No such file or directory"), or the
+// shell in front of a command on a terminal ("sh: exec: line 0: x: not
+// found"): a name of sandboxd's inner workings is no help to whoever
+// typed x.
 type reaperMessage struct {
 	w     io.Writer
 	image string
@@ -277,7 +284,10 @@ type reaperMessage struct {
 	done bool   // it is not, or was rewritten: the rest passes
 }
 
-var reaperFailure = regexp.MustCompile(`^\[FATAL tini \(\d+\)\] exec (.*) failed: (.*)\n`)
+var reaperFailure = regexp.MustCompile(`^(?:\[FATAL tini \(\d+\)\] exec (.*) failed: (.*)|sh: (?:exec: line \d+|\d+: exec): (.*): (.*?))(\r?\n)`)
+
+// reaperPrefixes start the lines reaperFailure reads.
+var reaperPrefixes = []string{"[FATAL tini (", "sh: "}
 
 func (r *reaperMessage) Write(p []byte) (int, error) {
 	r.mu.Lock()
@@ -286,11 +296,12 @@ func (r *reaperMessage) Write(p []byte) (int, error) {
 		return r.w.Write(p)
 	}
 	r.head = append(r.head, p...)
-	const prefix = "[FATAL tini ("
-	n := min(len(r.head), len(prefix))
-	nl := bytes.IndexByte(r.head, '\n')
-	if string(r.head[:n]) == prefix[:n] && nl < 0 && len(r.head) < 4096 {
-		return len(p), nil // more to come before it can tell
+	if bytes.IndexByte(r.head, '\n') < 0 && len(r.head) < 4096 {
+		for _, prefix := range reaperPrefixes {
+			if n := min(len(r.head), len(prefix)); string(r.head[:n]) == prefix[:n] {
+				return len(p), nil // more to come before it can tell
+			}
+		}
 	}
 	if err := r.flushLocked(); err != nil {
 		return 0, err
@@ -311,7 +322,11 @@ func (r *reaperMessage) flushLocked() error {
 	head := r.head
 	r.head = nil
 	if m := reaperFailure.FindSubmatch(head); m != nil {
-		msg := fmt.Sprintf("sandboxd: %s: %s (in %s, whose PATH is searched)\n", m[1], m[2], r.image)
+		name, why := m[1], m[2]
+		if name == nil {
+			name, why = m[3], m[4]
+		}
+		msg := fmt.Sprintf("sandboxd: %s: %s (in %s, whose PATH is searched)%s", name, why, r.image, m[5])
 		head = append([]byte(msg), head[len(m[0]):]...)
 	}
 	if len(head) == 0 {

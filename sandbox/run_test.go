@@ -23,6 +23,10 @@ func TestReaperMessage(t *testing.T) {
 		{"and more after it", "[FATAL tini (7)] exec /etc/passwd failed: Permission denied\nmore\n", "sandboxd: /etc/passwd: Permission denied (in img:1, whose PATH is searched)\nmore\n"},
 		{"other output", "error: x\n[FATAL tini (7)] exec a failed: b\n", "error: x\n[FATAL tini (7)] exec a failed: b\n"},
 		{"alike, but another line", "[FATAL tini (3)] hello\n", "[FATAL tini (3)] hello\n"},
+		{"the shell's line, on a terminal", "sh: exec: line 0: nosuch: not found\r\nmore", "sandboxd: nosuch: not found (in img:1, whose PATH is searched)\r\nmore"},
+		{"dash's line", "sh: 1: exec: nosuch: not found\n", "sandboxd: nosuch: not found (in img:1, whose PATH is searched)\n"},
+		{"a shell's other line", "sh: syntax error: unexpected \"(\"\n", "sh: syntax error: unexpected \"(\"\n"},
+		{"a lone s", "s", "s"},
 		{"the prefix alone, at the end", "[FATAL tini (", "[FATAL tini ("},
 		{"nothing", "", ""},
 	} {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -17,6 +18,8 @@ import (
 
 	"github.com/moby/moby/api/pkg/stdcopy"
 	"github.com/moby/moby/client"
+
+	"github.com/sandboxd/sandboxd/console"
 )
 
 // MarkerEnv is set in every command's environment to the terminal id. Every
@@ -417,11 +420,20 @@ func (t *Terminal) start(ctx context.Context, cwd string) error {
 }
 
 // feed copies Stdin to the command, and closes its input when Stdin ends,
-// or fails (a directory, say: the command would wait for ever). A read of
-// Stdin cannot be interrupted: feed may outlive the command, until Stdin
-// ends or the process does.
+// or fails (a directory, say: the command would wait for ever). A file
+// (the user's terminal) is read only until the command exits, so that
+// keys typed after it reach the user's shell (console.Input); a read of
+// another reader cannot be interrupted, and feed may outlive the command
+// until Stdin ends or the process does.
 func (t *Terminal) feed() {
-	in := &readErr{r: t.cmd.Stdin}
+	src := t.cmd.Stdin
+	if f, ok := src.(*os.File); ok {
+		if in, err := console.NewInput(f, t.done); err == nil {
+			defer in.Close()
+			src = in
+		}
+	}
+	in := &readErr{r: src}
 	if _, err := io.Copy(t.conn.Conn, in); err != nil {
 		if in.err == nil {
 			// The command's side went away: it is done reading.
