@@ -239,6 +239,14 @@ func (s *LineStream) ReadObject(v any) error {
 			s.replyError(id, CodeInvalidRequest, `invalid request: "jsonrpc" must be "2.0"`)
 			continue
 		}
+		_, hasResult := head["result"]
+		_, hasError := head["error"]
+		if hasMethod && (hasResult || hasError) {
+			// Neither request nor response: the library refused it
+			// when it saw every member; it sees only a request's now.
+			s.replyError(id, CodeInvalidRequest, "invalid request: a message with a method is a request, and has no result or error")
+			continue
+		}
 		if hasMethod && string(id) == "null" {
 			// The library takes it for a notification and would answer
 			// nothing; the peer would wait for ever.
@@ -515,7 +523,12 @@ func (d *Dispatcher) reply(id jsonrpc2.ID, res any) error {
 	if id.IsString && strings.HasPrefix(id.Str, negativeID) {
 		wire = json.RawMessage(strings.TrimPrefix(id.Str, negativeID))
 	}
-	b, err := marshal(response{JSONRPC: "2.0", ID: wire, Result: res})
+	// In the member order of the library's own answers (errors).
+	b, err := marshal(struct {
+		ID      json.RawMessage `json:"id"`
+		Result  any             `json:"result"`
+		JSONRPC string          `json:"jsonrpc"`
+	}{wire, res, "2.0"})
 	if err != nil {
 		return err
 	}

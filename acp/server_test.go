@@ -320,6 +320,11 @@ func TestRequestsReachTheHandlerAsSent(t *testing.T) {
 	if rep := recv(); errCode(rep) != CodeInvalidRequest || rep["id"] != nil {
 		t.Errorf("reply = %v, want -32600 with a null id for an id too long", rep)
 	}
+	// A request and a response at once is neither.
+	send(`{"jsonrpc":"2.0","id":4,"method":"echo","params":{},"result":1}`)
+	if rep := recv(); errCode(rep) != CodeInvalidRequest || rep["id"] != float64(4) {
+		t.Errorf("reply = %v, want -32600 for a message with a method and a result", rep)
+	}
 	send(`{"jsonrpc":"2.0","id":3,"method":"echo","params":{}}`)
 	if rep := recv(); rep["id"] != float64(3) || rep["error"] != nil {
 		t.Errorf("reply = %v", rep)

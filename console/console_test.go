@@ -171,3 +171,32 @@ func TestInputLeavesWhatComesAfterTheStop(t *testing.T) {
 		t.Errorf("the next reader got %q, %v; want what came after the stop", buf[:n], err)
 	}
 }
+
+// TestInputEndsAtCtrlD: Ctrl-D on a terminal (canonical mode) is the end
+// of input, read as such, with nothing in the queue.
+func TestInputEndsAtCtrlD(t *testing.T) {
+	ptm, pts := openPTY(t)
+	in, err := NewInput(pts, make(chan struct{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	ptm.Write([]byte("abc\n\x04"))
+	buf := make([]byte, 64)
+	if n, err := in.Read(buf); err != nil || string(buf[:n]) != "abc\n" {
+		t.Fatalf("Read = %q, %v; want the line", buf[:n], err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := in.Read(buf)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != io.EOF {
+			t.Errorf("Read after Ctrl-D = %v, want EOF", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Read after Ctrl-D did not end")
+	}
+}

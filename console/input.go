@@ -60,6 +60,20 @@ func (in *Input) Read(p []byte) (int, error) {
 		if fds[0].Revents == 0 {
 			continue
 		}
+		// Only what is there: another reader of the same terminal (a
+		// program that opened /dev/tty) may have taken it meanwhile, and
+		// a read that blocks could not be called off.
+		if avail, err := unix.IoctlGetInt(in.fd, unix.TIOCINQ); err == nil {
+			if avail == 0 && fds[0].Revents&(unix.POLLHUP|unix.POLLERR) == 0 && !stillReadable(in.fd) {
+				// Taken meanwhile. (Still readable with nothing in
+				// the queue is an end of input, Ctrl-D on a terminal,
+				// which the read returns at once.)
+				continue
+			}
+			if avail > 0 && avail < len(p) {
+				p = p[:avail]
+			}
+		}
 		n, err := unix.Read(in.fd, p)
 		switch {
 		case errors.Is(err, unix.EINTR), errors.Is(err, unix.EAGAIN):
@@ -71,6 +85,13 @@ func (in *Input) Read(p []byte) (int, error) {
 		}
 		return n, nil
 	}
+}
+
+// stillReadable polls fd once more, without waiting.
+func stillReadable(fd int) bool {
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds, 0)
+	return err == nil && n > 0 && fds[0].Revents&unix.POLLIN != 0
 }
 
 // Close ends reading; f itself stays open.

@@ -338,6 +338,21 @@ func TestRunIntoAClosedPipe(t *testing.T) {
 	assertNoContainers(t, cmd.Process.Pid)
 }
 
+// TestRunIntoAPipeClosedAtTheEnd: the reader goes away after the command
+// wrote all it had and ended, while sandboxd still hands the output on:
+// still 141, since not all of it arrived.
+func TestRunIntoAPipeClosedAtTheEnd(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd, out, stderr := startRun(t, ctx, testEnv.config, "x", "sh", "-c", "head -c 2000000 /dev/zero | tr '\\0' x")
+	out.Close()
+	cmd.Wait()
+	if code := cmd.ProcessState.ExitCode(); code != 141 {
+		t.Errorf("exit code %d, want 141 (128+SIGPIPE); stderr %q", code, stderr.String())
+	}
+	assertNoContainers(t, cmd.Process.Pid)
+}
+
 // TestRunStopsWhileItsReaderDoesNotRead: SIGTERM stops `sandboxd run`
 // whose output's reader stopped reading (`| less` left open), and the
 // container goes: the stream from the engine is read on, or the kill

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -279,13 +280,7 @@ func LoadConfig(defaults, file string, hostCPUs int) (Config, error) {
 	if file == "" {
 		return validated(cfg, "sandbox.toml (embedded default)", defaults, hostCPUs)
 	}
-	// The file chooses what every sandbox sees and may do: one that
-	// another user can change is theirs to choose.
-	real, err := hostpath.CheckPrivate(file, os.Geteuid())
-	if err != nil {
-		return Config{}, fmt.Errorf("read config: %w (only you or root may be able to change it)", err)
-	}
-	text, err := os.ReadFile(real)
+	text, err := readConfigFile(file)
 	if err != nil {
 		return Config{}, fmt.Errorf("read config: %w", err)
 	}
@@ -297,6 +292,33 @@ func LoadConfig(defaults, file string, hostCPUs int) (Config, error) {
 		cfg.Session.Workspace = filepath.Clean(cfg.Session.Workspace)
 	}
 	return validated(cfg, file, string(text), hostCPUs)
+}
+
+// readConfigFile reads the configuration file. The file chooses what
+// every sandbox sees and may do: a file that another user can change is
+// theirs to choose, and refused (hostpath.CheckPrivate). A pipe
+// (`--config <(...)`) holds what its writer wrote, once, and is read as it
+// is.
+func readConfigFile(file string) ([]byte, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if fi.Mode().IsRegular() {
+		real, err := hostpath.CheckPrivate(file, os.Geteuid())
+		if err != nil {
+			return nil, fmt.Errorf("%w (only you or root may own it, and nobody else write it)", err)
+		}
+		if st, err := os.Stat(real); err != nil || !os.SameFile(st, fi) {
+			return nil, fmt.Errorf("%s changed while it was read", file)
+		}
+	}
+	return io.ReadAll(f)
 }
 
 // validated checks cfg and then cleans its paths: the checks quote them

@@ -237,6 +237,18 @@ func TestConfigOthersMayChange(t *testing.T) {
 	if _, err := LoadConfig(sandboxd.DefaultConfig, file, 2); err == nil || !strings.Contains(err.Error(), "writable by others") {
 		t.Errorf("LoadConfig of a file anyone may write = %v, want it refused", err)
 	}
+	// A pipe (`--config <(...)`) is read as it is.
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	w.WriteString("[session]\ncpus = 1.5\n")
+	w.Close()
+	cfg, err := LoadConfig(sandboxd.DefaultConfig, fmt.Sprintf("/proc/self/fd/%d", r.Fd()), 2)
+	if err != nil || cfg.Session.CPUs != 1.5 {
+		t.Errorf("LoadConfig of a pipe = %v, cpus %v; want 1.5", err, cfg.Session.CPUs)
+	}
 }
 
 func TestConfigMissingFile(t *testing.T) {
@@ -277,13 +289,19 @@ func TestCommandExecArgv(t *testing.T) {
 		{"merged streams, reaper", Command{Command: "ls"}, true, []string{reaperPath, "-s", "--", "/bin/sh", "-c", mergeStderr, "sh", "ls"}},
 		{"tty", Command{Command: "bash", TTY: true}, false, []string{"bash"}},
 		{"tty, reaper", Command{Command: "bash", TTY: true}, true, []string{reaperPath, "-s", "--", "bash"}},
-		{"tty of a size", Command{Command: "bash", TTY: true, Cols: 120, Rows: 50}, true, []string{reaperPath, "-s", "--", "/bin/sh", "-c", ttySize, "sh", "50", "120", "bash"}},
+		{"tty of a size, sized from inside", Command{Command: "bash", TTY: true, Cols: 120, Rows: 50}, true, []string{reaperPath, "-s", "--", "/bin/sh", "-c", ttySize, "sh", "50", "120", "bash"}},
 		{"streams apart, reaper", Command{Command: "ls", Stdout: io.Discard, Stderr: io.Discard}, true, []string{reaperPath, "-s", "--", "ls"}},
 	}
 	for _, tc := range tests {
-		if got := tc.cmd.execArgv(tc.reaper); !slices.Equal(got, tc.want) {
+		if got := tc.cmd.execArgv(tc.reaper, true); !slices.Equal(got, tc.want) {
 			t.Errorf("%s: execArgv = %q, want %q", tc.name, got, tc.want)
 		}
+	}
+	// An engine that takes the size given with the exec needs no shell
+	// in front.
+	sized := Command{Command: "bash", TTY: true, Cols: 120, Rows: 50}
+	if got, want := sized.execArgv(true, false), []string{reaperPath, "-s", "--", "bash"}; !slices.Equal(got, want) {
+		t.Errorf("tty of a size on API 1.42: execArgv = %q, want %q", got, want)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/client"
+	"github.com/moby/moby/client/pkg/versions"
 
 	"github.com/sandboxd/sandboxd/limits"
 )
@@ -41,6 +42,9 @@ type Manager struct {
 	// reaper says commands run behind the engine's init (reaperPath):
 	// the containers have one, and it is tini, which can be a subreaper.
 	reaper bool
+	// keeper says the containers' own processes run as the keeper uid:
+	// the engine does not map ids.
+	keeper bool
 
 	// ctx lives as long as the manager: terminals outlive the request that
 	// created them.
@@ -119,10 +123,14 @@ func NewManager(ctx context.Context, cli *client.Client, cfg Config, log *slog.L
 		instance: in,
 		hostCPUs: info.Info.NCPU,
 		reaper:   cfg.Session.Init && tiniInit(info.Info.InitBinary),
+		keeper:   !mapsIDs(info.Info.SecurityOptions),
 		ctx:      mctx,
 		cancel:   cancel,
 		sessions: make(map[string]*Session),
 		detached: make(map[*Session]struct{}),
+	}
+	if !m.keeper {
+		m.log.Info("the engine maps user ids: the containers' own processes run as the commands' user, whose `kill -9 -1` stops a session's container")
 	}
 	if cfg.Session.Init && !m.reaper {
 		m.log.Warn("the engine's init is not tini: commands run without a reaper of their own, so a process that removes "+MarkerEnv+" from its environment can outlive its kill", "init", info.Info.InitBinary)
@@ -194,6 +202,26 @@ func (c Config) settingError(key, what string, err error) error {
 		file = "configuration"
 	}
 	return &ConfigError{File: file, Line: keyLine(c.text, key), Key: key, Err: errors.New(msg)}
+}
+
+// sizedFromInside says TTY commands size their terminal themselves
+// (ttySize): the engine is older than API 1.42.
+func (m *Manager) sizedFromInside() bool {
+	return versions.LessThan(m.cli.ClientVersion(), "1.42")
+}
+
+// mapsIDs reports whether the engine maps user ids (userns-remap, or a
+// rootless engine), by its security options: only ids in its range can run
+// in a container.
+func mapsIDs(securityOptions []string) bool {
+	for _, o := range securityOptions {
+		for _, kv := range strings.Split(o, ",") {
+			if kv == "name=userns" || kv == "name=rootless" {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // tiniInit reports whether the engine's init binary, as its info names it,

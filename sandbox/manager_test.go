@@ -479,3 +479,19 @@ func TestGitMade(t *testing.T) {
 		t.Errorf("without protect_git, gitMade = %q", made)
 	}
 }
+
+func TestMapsIDs(t *testing.T) {
+	for _, tc := range []struct {
+		opts []string
+		want bool
+	}{
+		{[]string{"name=seccomp,profile=default"}, false},
+		{[]string{"name=apparmor", "name=seccomp,profile=default", "name=userns"}, true},
+		{[]string{"name=seccomp,profile=builtin", "name=rootless", "name=cgroupns"}, true},
+		{nil, false},
+	} {
+		if got := mapsIDs(tc.opts); got != tc.want {
+			t.Errorf("mapsIDs(%q) = %v, want %v", tc.opts, got, tc.want)
+		}
+	}
+}

@@ -44,30 +44,30 @@ func Run(ctx context.Context, m *Manager, spec SessionSpec, cmd Command, resize 
 			*w = o
 		}
 	}
-	// Last, after every write and the reaper's line: what is queued goes
-	// out before Run returns.
-	defer func() {
-		for _, o := range outputs {
-			o.close(outputGrace)
-		}
-	}()
 	image := spec.Image
 	if image == "" {
 		image = m.cfg.Session.Image
 	}
 	// The reaper's line comes on stderr; on a terminal, where the command
 	// runs behind a shell that sizes it (ttySize), the shell's.
-	for _, w := range []*io.Writer{&cmd.Stderr, &cmd.Stdout} {
-		if *w == nil || w == &cmd.Stdout && !cmd.TTY {
-			continue
-		}
-		msg := &reaperMessage{w: *w, image: image}
-		*w = msg
-		// What it holds back goes out once the command is done.
-		defer msg.flush()
-		break
+	var msg *reaperMessage
+	switch {
+	case cmd.Stderr != nil:
+		msg = &reaperMessage{w: cmd.Stderr, image: image, hold: true}
+		cmd.Stderr = msg
+	case cmd.TTY && cmd.Stdout != nil:
+		msg = &reaperMessage{w: cmd.Stdout, image: image}
+		cmd.Stdout = msg
 	}
 	code, err := run(ctx, cleanup, m, spec, cmd, resize)
+	// What is held back and queued goes out before the code is known: a
+	// write that fails at the very end fails the run too.
+	if msg != nil {
+		msg.flush()
+	}
+	for _, o := range outputs {
+		o.close(outputGrace)
+	}
 	switch cause := context.Cause(ctx); {
 	case errors.Is(cause, syscall.EPIPE):
 		// Also when the command was done by then: not all of its
@@ -276,6 +276,10 @@ func ExitCode(st ExitStatus) int {
 type reaperMessage struct {
 	w     io.Writer
 	image string
+	// hold says a line may come in pieces, held back until it is whole.
+	// On a terminal nothing is: a prompt or a key echoed must show at
+	// once, and the shell's line comes in one write.
+	hold bool
 
 	// mu orders the flush at the run's end after a write of a command
 	// whose kill failed, which may still go on.
@@ -284,7 +288,7 @@ type reaperMessage struct {
 	done bool   // it is not, or was rewritten: the rest passes
 }
 
-var reaperFailure = regexp.MustCompile(`^(?:\[FATAL tini \(\d+\)\] exec (.*) failed: (.*)|sh: (?:exec: line \d+|\d+: exec): (.*): (.*?))(\r?\n)`)
+var reaperFailure = regexp.MustCompile(`^(?:\[FATAL tini \(\d+\)\] exec (.*) failed: (.*)|sh: (?:exec: line \d+|\d+: exec|line \d+: exec): (.*): (.*?))(\r?\n)`)
 
 // reaperPrefixes start the lines reaperFailure reads.
 var reaperPrefixes = []string{"[FATAL tini (", "sh: "}
@@ -296,7 +300,7 @@ func (r *reaperMessage) Write(p []byte) (int, error) {
 		return r.w.Write(p)
 	}
 	r.head = append(r.head, p...)
-	if bytes.IndexByte(r.head, '\n') < 0 && len(r.head) < 4096 {
+	if r.hold && bytes.IndexByte(r.head, '\n') < 0 && len(r.head) < 4096 {
 		for _, prefix := range reaperPrefixes {
 			if n := min(len(r.head), len(prefix)); string(r.head[:n]) == prefix[:n] {
 				return len(p), nil // more to come before it can tell

@@ -32,7 +32,7 @@ func TestReaperMessage(t *testing.T) {
 	} {
 		for cut := 0; cut <= len(tc.in); cut++ {
 			var out strings.Builder
-			r := &reaperMessage{w: &out, image: "img:1"}
+			r := &reaperMessage{w: &out, image: "img:1", hold: true}
 			for _, part := range []string{tc.in[:cut], tc.in[cut:]} {
 				if n, err := r.Write([]byte(part)); err != nil || n != len(part) {
 					t.Fatalf("%s: Write = %d, %v", tc.name, n, err)
@@ -44,6 +44,31 @@ func TestReaperMessage(t *testing.T) {
 			if out.String() != tc.want {
 				t.Errorf("%s, cut at %d: %q, want %q", tc.name, cut, out.String(), tc.want)
 				break
+			}
+		}
+	}
+}
+
+// TestReaperMessageOnATerminal: on a terminal nothing is held back (a
+// prompt must show at once); the shell's line, written whole, is still
+// said in sandboxd's words.
+func TestReaperMessageOnATerminal(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		writes []string
+		want   []string // what has passed after each write
+	}{
+		{"the shell's line", []string{"sh: exec: line 0: nosuch: not found\r\n"}, []string{"sandboxd: nosuch: not found (in img:1, whose PATH is searched)\r\n"}},
+		{"bash as sh", []string{"sh: line 1: exec: nosuch: not found\r\n"}, []string{"sandboxd: nosuch: not found (in img:1, whose PATH is searched)\r\n"}},
+		{"a prompt", []string{"s", "ure? "}, []string{"s", "sure? "}},
+		{"a line like it, later", []string{"$ ", "sh: exec: line 0: x: not found\r\n"}, []string{"$ ", "$ sh: exec: line 0: x: not found\r\n"}},
+	} {
+		var out strings.Builder
+		r := &reaperMessage{w: &out, image: "img:1"}
+		for i, w := range tc.writes {
+			r.Write([]byte(w))
+			if out.String() != tc.want[i] {
+				t.Errorf("%s: after %q: %q, want %q", tc.name, w, out.String(), tc.want[i])
 			}
 		}
 	}

@@ -751,7 +751,11 @@ func (s *Session) start(ctx context.Context) error {
 	}
 	protected = append(covers, protected...)
 	checks = append(checks, gitChecks...)
-	cfg, hostCfg := containerConfig(sc, spec, binds, protected, user, m.instance.Labels(s.ID))
+	own := user
+	if m.keeper {
+		own = keeperUser(user)
+	}
+	cfg, hostCfg := containerConfig(sc, spec, binds, protected, own, m.instance.Labels(s.ID))
 	if err := distinctTargets(hostCfg.Mounts); err != nil {
 		return fmt.Errorf("open session %s: %w", s.ID, err)
 	}
@@ -1474,7 +1478,8 @@ func bindMount(source, target, mode string) mount.Mount {
 
 // keeper is the user the container's own processes run as: an id no
 // configuration is likely to give commands (the engine takes ids up to
-// maxUserID).
+// maxUserID). An engine that maps ids (userns-remap, rootless) has no
+// such id to give (Manager.keeper): there they are the commands' own.
 const keeper = maxUserID - 1
 
 // keeperUser is the user of the container's own processes in a session
@@ -1494,16 +1499,17 @@ func keeperUser(user string) string {
 // binds are the workspace and extra directories, their sources with links
 // resolved, as checked: what the engine mounts, so that no link it would
 // follow is one that was not checked. more are mounted over them.
-func containerConfig(c SessionConfig, spec SessionSpec, binds []bind, more []mount.Mount, user string, labels map[string]string) (*container.Config, *container.HostConfig) {
+func containerConfig(c SessionConfig, spec SessionSpec, binds []bind, more []mount.Mount, own string, labels map[string]string) (*container.Config, *container.HostConfig) {
 	cfg := &container.Config{
 		Image: spec.Image,
 		Cmd:   []string{"sleep", "infinity"},
 		// The container's own processes (its init, the sleep that keeps
-		// it up) are not the commands': a command that signals whatever
-		// its user may (`kill -9 -1`, `pkill sleep`) would stop the
-		// container, and every command of the session after it would
-		// fail. Every exec names the session's user.
-		User: keeperUser(user),
+		// it up) run as own, not as the commands' user where the engine
+		// lets them: a command that signals whatever its user may (`kill
+		// -9 -1`) would stop the container, and every command of the
+		// session after it would fail. Every exec names the session's
+		// user.
+		User: own,
 		// The keeper may not enter the workspace, whose owner may keep
 		// others out; every exec names its own directory.
 		WorkingDir: "/",
@@ -1552,10 +1558,11 @@ scratch:
 		// The container's own cgroup, not the host's hierarchy and the
 		// container's id (cgroup v1 defaults to the host's).
 		CgroupnsMode: container.CgroupnsModePrivate,
-		// pid 1 runs as the session's user, so a command can write to
-		// the container's log (/proc/1/fd/1); on an engine without log
-		// limits that would fill the host's disk. The log holds only
-		// what the init says when the container fails to start.
+		// On an engine that maps ids pid 1 runs as the session's user,
+		// so a command can write to the container's log (/proc/1/fd/1);
+		// on an engine without log limits that would fill the host's
+		// disk. The log holds only what the init says when the
+		// container fails to start.
 		LogConfig: container.LogConfig{Type: "json-file", Config: map[string]string{"max-size": "1m", "max-file": "1"}},
 	}
 	return cfg, host

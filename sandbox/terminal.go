@@ -96,6 +96,9 @@ type Terminal struct {
 	// closed is set once the connection is closed, or is to be as soon
 	// as start has it.
 	closed bool
+	// cols and rows are the size last asked for (Resize), which the
+	// command's own sizing (ttySize) may have undone.
+	cols, rows uint
 }
 
 const shellChars = " \t\n|&;<>()$`\\\"'*?[]#~=%{}!"
@@ -113,11 +116,13 @@ func (c Command) Argv() []string {
 // cannot.
 const mergeStderr = `exec "$@" 2>&1`
 
-// ttySize is a TTY command's entry point: it sizes the terminal from
-// inside before the command runs. An engine before API 1.42 ignores the
-// size given with the exec and is resized only once the command started,
-// so a program that asks at once (stty size, a full-screen editor) would
-// mostly find 0x0. An image without stty keeps that race.
+// ttySize is a TTY command's entry point on an engine before API 1.42,
+// which ignores the size given with the exec and is resized only once the
+// command started: a program that asks at once (stty size, a full-screen
+// editor) would mostly find 0x0. It sizes the terminal from inside before
+// the command runs; an image without stty keeps that race, one without
+// sh cannot run TTY commands there. A resize that comes before it ran is
+// made again once the command's output begins (sizeAgain).
 const ttySize = `stty rows "$1" cols "$2" 2>/dev/null; shift 2; exec "$@"`
 
 // reaperPath is the engine's init (tini), which it mounts into every container
@@ -132,12 +137,12 @@ const reaperPath = "/sbin/docker-init"
 // execArgv is what the engine runs: Argv, behind mergeStderr unless the
 // streams are kept apart (sandboxd run) or a TTY merges them already, and
 // behind the reaper when the container has one.
-func (c Command) execArgv(reaper bool) []string {
+func (c Command) execArgv(reaper, sizeInside bool) []string {
 	argv := c.Argv()
 	if !c.TTY && c.Stdout == nil && c.Stderr == nil {
 		argv = append([]string{"/bin/sh", "-c", mergeStderr, "sh"}, argv...)
 	}
-	if c.TTY && c.Cols > 0 && c.Rows > 0 {
+	if sizeInside && c.TTY && c.Cols > 0 && c.Rows > 0 {
 		argv = append([]string{"/bin/sh", "-c", ttySize, "sh", strconv.FormatUint(uint64(c.Rows), 10), strconv.FormatUint(uint64(c.Cols), 10)}, argv...)
 	}
 	if reaper {
@@ -378,7 +383,7 @@ func (t *Terminal) start(ctx context.Context, cwd string) error {
 		AttachStderr: true,
 		Env:          env,
 		WorkingDir:   cwd,
-		Cmd:          t.cmd.execArgv(s.m.reaper),
+		Cmd:          t.cmd.execArgv(s.m.reaper, s.m.sizedFromInside()),
 	})
 	if err != nil {
 		if isNotFound(err) {
@@ -447,6 +452,38 @@ func (t *Terminal) feed() {
 	}
 }
 
+// sizeAgain makes the size last asked for once more, when it is not the
+// one the command started with: ttySize, running after a resize that came
+// early, set the first size again.
+func (t *Terminal) sizeAgain() {
+	t.mu.Lock()
+	cols, rows := t.cols, t.rows
+	t.mu.Unlock()
+	if cols == 0 || cols == t.cmd.Cols && rows == t.cmd.Rows {
+		return
+	}
+	if err := t.Resize(t.session.m.ctx, cols, rows); err != nil {
+		t.session.m.log.Debug("resize again", "terminal", t.ID, "err", err)
+	}
+}
+
+// firstRead calls then, in a goroutine of its own, once r first gave
+// something.
+type firstRead struct {
+	r    io.Reader
+	then func()
+	done bool
+}
+
+func (f *firstRead) Read(p []byte) (int, error) {
+	n, err := f.r.Read(p)
+	if n > 0 && !f.done {
+		f.done = true
+		go f.then()
+	}
+	return n, err
+}
+
 // readErr remembers the error its reader gave, to tell it from a write's.
 type readErr struct {
 	r   io.Reader
@@ -466,7 +503,11 @@ func (r *readErr) Read(p []byte) (int, error) {
 func (t *Terminal) collect() {
 	var err error
 	if t.cmd.TTY {
-		_, err = io.Copy(tee(t.out, t.cmd.Stdout), t.conn.Reader)
+		var src io.Reader = t.conn.Reader
+		if t.session.m.sizedFromInside() {
+			src = &firstRead{r: src, then: t.sizeAgain}
+		}
+		_, err = io.Copy(tee(t.out, t.cmd.Stdout), src)
 	} else {
 		// One buffer for both streams keeps their arrival order.
 		_, err = stdcopy.StdCopy(tee(t.out, t.cmd.Stdout), tee(t.out, t.cmd.Stderr), t.conn.Reader)
@@ -742,6 +783,9 @@ func (t *Terminal) signalAll(ctx context.Context, sig syscall.Signal) error {
 
 // Resize changes the size of a TTY terminal.
 func (t *Terminal) Resize(ctx context.Context, cols, rows uint) error {
+	t.mu.Lock()
+	t.cols, t.rows = cols, rows
+	t.mu.Unlock()
 	_, err := t.session.m.cli.ExecResize(ctx, t.execID, client.ExecResizeOptions{Width: cols, Height: rows})
 	if err != nil {
 		return fmt.Errorf("resize terminal %s: %w", t.ID, err)

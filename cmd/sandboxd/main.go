@@ -175,7 +175,11 @@ func watchSignals(sigs <-chan os.Signal, cancel context.CancelCauseFunc, finishe
 			}
 			fmt.Fprintln(stderr, "sandboxd: stopping at once; what it leaves behind goes at the next start, or with `sandboxd gc`")
 			s := sig.(syscall.Signal)
-			raise(s)
+			if s != syscall.SIGQUIT {
+				// Not SIGQUIT: Go's own answer to it is a dump of every
+				// goroutine.
+				raise(s)
+			}
 			os.Exit(128 + int(s))
 		case <-finished:
 			return
@@ -470,8 +474,9 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	defer closeLog()
 	m, err := c.setup(ctx, stderr, log, spec.Image, nil, func(cfg *sandbox.Config) error {
 		// run's workspace is where it runs, whatever session.workspace
-		// says: that is the one checked at start.
-		cfg.Session.Workspace = wd
+		// says: that is the one checked at start (as the directory
+		// sandboxd runs in, no setting of the file).
+		cfg.Session.Workspace = ""
 		if _, err := sandbox.ValidateSpec(*cfg, runtime.NumCPU(), spec); err != nil {
 			return overrideError(err)
 		}
