@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -433,12 +432,11 @@ func TestAHPTerminal(t *testing.T) {
 	if len(ids) != 1 {
 		t.Fatalf("containers = %v", ids)
 	}
-	out, _ := exec.Command("docker", "exec", ids[0], "ps", "-o", "args").CombinedOutput()
-	if strings.Contains(string(out), "sleep 312") || strings.Contains(string(out), "bash") {
+	if out := containerOutput(t, ids[0], "ps", "-o", "args"); strings.Contains(out, "sleep 312") || strings.Contains(out, "bash") {
 		t.Errorf("processes left after dispose:\n%s", out)
 	}
-	if out, err := exec.Command("docker", "exec", ids[0], "cat", "/tmp/hup").CombinedOutput(); err != nil || string(out) != "hung up\n" {
-		t.Errorf("the shell was not hung up: %q %v", out, err)
+	if out := containerOutput(t, ids[0], "cat", "/tmp/hup"); out != "hung up\n" {
+		t.Errorf("the shell was not hung up: %q", out)
 	}
 }
 
@@ -663,7 +661,7 @@ func TestAHPInputToATerminalThatDoesNotRead(t *testing.T) {
 	if len(ids) != 1 {
 		t.Fatalf("containers = %v", ids)
 	}
-	if out, _ := exec.Command("docker", "exec", ids[0], "ps", "-o", "args").CombinedOutput(); strings.Contains(string(out), "sleep 600") {
+	if out := containerOutput(t, ids[0], "ps", "-o", "args"); strings.Contains(out, "sleep 600") || !strings.Contains(out, "ps -o args") {
 		t.Errorf("processes left after dispose:\n%s", out)
 	}
 }

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -342,6 +343,20 @@ func runCmd(t testing.TB, ctx context.Context, a *acpsdk.AgentSideConnection, re
 		t.Fatalf("release %s: %v", id, err)
 	}
 	return out, st
+}
+
+// containerOutput runs argv in a container through the Engine API, as the
+// commands' user, and returns what it printed; the test fails if the engine
+// does.
+func containerOutput(t testing.TB, container string, argv ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	if err := bareExec(ctx, testEnv.cli, container, "1000:1000", argv, &out); err != nil {
+		t.Fatalf("exec %q in %.12s: %v", argv, container, err)
+	}
+	return out.String()
 }
 
 // sh runs a shell command line in the session and returns output and status.
