@@ -29,9 +29,19 @@ import (
 // Output that a reader stopped taking does not hold the run up once it is
 // stopping (runOutput).
 //
-// A TTY command is resized to each size that comes on resize, which may be
-// nil.
-func Run(ctx context.Context, m *Manager, spec SessionSpec, cmd Command, resize <-chan console.Size) (int, error) {
+// RunOptions are what a run needs of the user's terminal, if any.
+type RunOptions struct {
+	// Resize brings each new size of a TTY command's terminal; nil for
+	// none.
+	Resize <-chan console.Size
+	// Starting, when set, is called once the container is ready, just
+	// before the command starts (to put the user's terminal in raw
+	// mode: until then Ctrl-C is sandboxd's); an error ends the run.
+	Starting func() error
+}
+
+// A TTY command is resized to each size that comes on opts.Resize.
+func Run(ctx context.Context, m *Manager, spec SessionSpec, cmd Command, opts RunOptions) (int, error) {
 	// The session must be removed even when ctx is already cancelled.
 	cleanup := context.WithoutCancel(ctx)
 	ctx, cancel := context.WithCancelCause(ctx)
@@ -59,7 +69,7 @@ func Run(ctx context.Context, m *Manager, spec SessionSpec, cmd Command, resize 
 		msg = &reaperMessage{w: cmd.Stdout, image: image}
 		cmd.Stdout = msg
 	}
-	code, err := run(ctx, cleanup, m, spec, cmd, resize)
+	code, err := run(ctx, cleanup, m, spec, cmd, opts)
 	// What is held back and queued goes out before the code is known: a
 	// write that fails at the very end fails the run too.
 	if msg != nil {
@@ -79,7 +89,7 @@ func Run(ctx context.Context, m *Manager, spec SessionSpec, cmd Command, resize 
 	return code, err
 }
 
-func run(ctx, cleanup context.Context, m *Manager, spec SessionSpec, cmd Command, resize <-chan console.Size) (int, error) {
+func run(ctx, cleanup context.Context, m *Manager, spec SessionSpec, cmd Command, opts RunOptions) (int, error) {
 	s, err := m.Open(ctx, "run\x00"+spec.ID, spec)
 	if err != nil {
 		return 0, err
@@ -94,11 +104,16 @@ func run(ctx, cleanup context.Context, m *Manager, spec SessionSpec, cmd Command
 	if cmd.OutputLimit == nil {
 		cmd.OutputLimit = &zero
 	}
+	if opts.Starting != nil {
+		if err := opts.Starting(); err != nil {
+			return 0, err
+		}
+	}
 	t, err := s.Start(ctx, cmd)
 	if err != nil {
 		return 0, err
 	}
-	if cmd.TTY && resize != nil {
+	if resize := opts.Resize; cmd.TTY && resize != nil {
 		go func() {
 			for {
 				select {

@@ -505,18 +505,30 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 				break
 			}
 		}
-		if interactive {
-			state, err := console.MakeRaw(int(in.Fd()))
-			if err != nil {
-				return 0, err
+	}
+	opts := sandbox.RunOptions{Resize: resize}
+	if tty && interactive {
+		// Raw only once the container is ready: while it starts, Ctrl-C
+		// is sandboxd's, and stops the run before the command runs.
+		var state *console.State
+		defer func() {
+			if state != nil {
+				state.Restore()
 			}
-			defer state.Restore()
+		}()
+		opts.Starting = func() error {
+			raw, err := console.MakeRaw(int(in.Fd()))
+			if err != nil {
+				return err
+			}
+			state = raw
 			// Also at the first signal: a second one may end sandboxd at
 			// once, past every deferred call.
-			defer context.AfterFunc(ctx, func() { state.Restore() })()
+			context.AfterFunc(ctx, func() { raw.Restore() })
+			return nil
 		}
 	}
-	return sandbox.Run(ctx, m, spec, cmd, resize)
+	return sandbox.Run(ctx, m, spec, cmd, opts)
 }
 
 func cmdImage(ctx context.Context, args []string, stdout, stderr io.Writer) error {
