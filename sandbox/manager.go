@@ -27,6 +27,12 @@ var ErrNotFound = errors.New("not found")
 // cwd, a NUL byte, a limit above the maximum. Its message names the field.
 var ErrInvalid = errors.New("invalid request")
 
+// Reason is err's message without the "invalid request" that a peer's
+// request is told: what a flag or a setting is told instead.
+func Reason(err error) string {
+	return strings.TrimPrefix(err.Error(), ErrInvalid.Error()+": ")
+}
+
 // ErrLimit is returned when a configured maximum (sessions, terminals) is
 // reached.
 var ErrLimit = errors.New("limit reached")
@@ -174,7 +180,7 @@ func (c Config) checkSources(engineSocket string) error {
 			if _, err := checkMountSource(ws, engineSocket, c.Private); err != nil {
 				if c.Session.Workspace == "" {
 					// The directory sandboxd runs in: no setting.
-					return errors.New(strings.TrimPrefix(err.Error(), ErrInvalid.Error()+": "))
+					return errors.New(Reason(err))
 				}
 				return c.settingError("session.workspace", "workspace", err)
 			}
@@ -195,7 +201,7 @@ func (c Config) checkSources(engineSocket string) error {
 // of the configuration, found at sandboxd's start: the file, the line, the
 // key.
 func (c Config) settingError(key, what string, err error) error {
-	msg := strings.TrimPrefix(err.Error(), ErrInvalid.Error()+": ")
+	msg := Reason(err)
 	msg = strings.TrimPrefix(msg, what+": ")
 	file := c.file
 	if file == "" {

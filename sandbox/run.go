@@ -172,7 +172,7 @@ func WorkDir(workspace, dir string) (string, error) {
 	}
 	inside := filepath.Join(workspace, rel)
 	if err := CheckIsDir(inside); err != nil {
-		return "", errors.New(strings.TrimPrefix(err.Error(), ErrInvalid.Error()+": cwd: "))
+		return "", errors.New(strings.TrimPrefix(Reason(err), "cwd: "))
 	}
 	return inside, nil
 }

@@ -460,7 +460,7 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		return 0, err
 	}
 	if err := cmd.Check(); err != nil {
-		return 0, usageError{errors.New(unrequested(err))}
+		return 0, usageError{errors.New(sandbox.Reason(err))}
 	}
 	if workdir != "" {
 		if cmd.Cwd, err = sandbox.WorkDir(wd, string(workdir)); err != nil {
@@ -561,13 +561,7 @@ func cmdImage(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 // fault of the flag that asked for it: its messages start with the
 // setting's name ("cpus 3 is too many"), which is the flag's.
 func overrideError(err error) error {
-	return usageError{errors.New("--" + unrequested(err))}
-}
-
-// unrequested is the message of a sandbox error about what a flag gave,
-// without the "invalid request" that a peer's request would be told.
-func unrequested(err error) string {
-	return strings.TrimPrefix(err.Error(), sandbox.ErrInvalid.Error()+": ")
+	return usageError{errors.New("--" + sandbox.Reason(err))}
 }
 
 // envFlags reads run's -e values as docker run does: NAME=VALUE, or NAME
@@ -583,7 +577,7 @@ func envFlags(values []string) ([]sandbox.EnvVar, error) {
 		}
 		e := sandbox.EnvVar{Name: name, Value: value}
 		if err := sandbox.CheckEnvVar("env", e); err != nil {
-			return nil, usageError{fmt.Errorf("-e %.200q: %s", v, unrequested(err))}
+			return nil, usageError{fmt.Errorf("-e %.200q: %s", v, sandbox.Reason(err))}
 		}
 		env = append(env, e)
 	}
