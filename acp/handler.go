@@ -672,18 +672,24 @@ func (t *Terminals) Close(ctx context.Context) error {
 	}
 	shared := t.shared
 	t.mu.Unlock()
-	var errs []error
+	// Taken out at once, removed together: each removal waits for its
+	// commands' kill and the engine.
+	removes := make([]func(context.Context) error, 0, len(ids)+1)
 	for _, id := range ids {
-		if err := t.CloseSession(ctx, id); err != nil {
-			errs = append(errs, err)
+		if remove := t.Detach(id); remove != nil {
+			removes = append(removes, remove)
 		}
 	}
 	if shared {
 		if s := t.m.Detach(t.sharedKey()); s != nil {
-			if err := s.Close(ctx); err != nil {
-				errs = append(errs, err)
-			}
+			removes = append(removes, s.Close)
 		}
 	}
+	errs := make([]error, len(removes))
+	var wg sync.WaitGroup
+	for i, remove := range removes {
+		wg.Go(func() { errs[i] = remove(ctx) })
+	}
+	wg.Wait()
 	return errors.Join(errs...)
 }
