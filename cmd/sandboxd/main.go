@@ -3,6 +3,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -54,7 +55,10 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return run([]string{args[1], "-h"}, stdin, stdout, stderr)
 	}
 	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		fmt.Fprint(stdout, usage)
+		if _, err := fmt.Fprint(stdout, usage); err != nil {
+			fmt.Fprintf(stderr, "sandboxd: write: %v\n", err)
+			return 1
+		}
 		return 0
 	}
 	if args[0] == "--version" {
@@ -220,8 +224,13 @@ func parseFlags(fs *flag.FlagSet, args []string, stdout io.Writer) error {
 	defer fs.SetOutput(out)
 	switch {
 	case errors.Is(err, flag.ErrHelp):
-		fs.SetOutput(stdout)
+		// Whole, so that a failed write is told.
+		var b bytes.Buffer
+		fs.SetOutput(&b)
 		fs.Usage()
+		if _, werr := stdout.Write(b.Bytes()); werr != nil {
+			return fmt.Errorf("write: %w", werr)
+		}
 		return err
 	case err != nil:
 		return flagError{fmt.Errorf("%w (see 'sandboxd %s -h')", err, fs.Name())}
@@ -593,7 +602,9 @@ func cmdPrint(name, about, text string, args []string, stdout, stderr io.Writer)
 	if fs.NArg() > 0 {
 		return usageError{fmt.Errorf("unexpected argument %q", fs.Arg(0))}
 	}
-	fmt.Fprint(stdout, text)
+	if _, err := fmt.Fprint(stdout, text); err != nil {
+		return fmt.Errorf("write: %w", err)
+	}
 	return nil
 }
 
@@ -613,13 +624,17 @@ func cmdGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	removed, err := sandbox.GC(ctx, cli, log, sandbox.GCOptions{All: *all})
+	var out bytes.Buffer
 	for _, id := range removed {
-		fmt.Fprintf(stdout, "removed %.12s\n", id)
+		fmt.Fprintf(&out, "removed %.12s\n", id)
 	}
 	// A count is only known once the containers were listed: without the
 	// engine, "0 removed" would be a claim about containers never seen.
 	if err == nil || errors.As(err, new(*sandbox.RemoveError)) {
-		fmt.Fprintf(stdout, "%d container(s) removed\n", len(removed))
+		fmt.Fprintf(&out, "%d container(s) removed\n", len(removed))
+	}
+	if _, werr := stdout.Write(out.Bytes()); werr != nil {
+		err = errors.Join(err, fmt.Errorf("write: %w", werr))
 	}
 	return err
 }

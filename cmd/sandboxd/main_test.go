@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -161,5 +162,21 @@ func TestEndpointsOutsideTheWorkspace(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	if code := run([]string{"serve", "--listen", "unix:@sandboxd"}, strings.NewReader(""), &stdout, &stderr); code == 0 || strings.Contains(stderr.String(), "endpoint") || !strings.Contains(stderr.String(), "engine") {
 		t.Errorf("serve on an abstract socket: exit %d, stderr %q", code, stderr.String())
+	}
+}
+
+type fullWriter struct{}
+
+func (fullWriter) Write([]byte) (int, error) { return 0, syscall.ENOSPC }
+
+// TestFailedWritesAreTold: output that cannot be written (a full disk)
+// fails the command, and says so, rather than exiting 0 with nothing
+// written.
+func TestFailedWritesAreTold(t *testing.T) {
+	for _, args := range [][]string{{"help"}, {"config"}, {"version"}, {"config", "-h"}, {"gc", "-h"}, {"run", "-h"}} {
+		var stderr bytes.Buffer
+		if code := run(args, strings.NewReader(""), fullWriter{}, &stderr); code == 0 || !strings.Contains(stderr.String(), "no space left on device") {
+			t.Errorf("%q into a full disk: exit %d, stderr %q; want a failure that says why", args, code, stderr.String())
+		}
 	}
 }
