@@ -53,7 +53,10 @@ trap '__sbx_preexec' DEBUG
 // terminal itself can take the nonce, as it can any keystroke.) R;none
 // says no nonce is wanted: no bash, or no stty to keep it off the screen.
 // BASH_ENV is emptied so that no script of the image reads the input
-// first.
+// first, and readline reads the image's /etc/inputrc (or none), not the
+// ~/.inputrc in HOME, /tmp, which any command may write: a macro there
+// could have the shell print its nonce. (A process of the user may still
+// read the shell's memory, as it may read the terminal.)
 const shellLauncher = `if command -v bash >/dev/null 2>&1; then
 	BASH_ENV= exec bash -c '
 		rc=$SANDBOXD_SHELL_INTEGRATION
@@ -67,7 +70,9 @@ const shellLauncher = `if command -v bash >/dev/null 2>&1; then
 		else
 			printf "\033]633;R;none\007"
 		fi
-		exec bash --noprofile --rcfile <(printf "__sbx_nonce=%s\n%s" "$nonce" "$rc") -i'
+		inputrc=/etc/inputrc
+		[ -r "$inputrc" ] || inputrc=/dev/null
+		INPUTRC=$inputrc exec bash --noprofile --rcfile <(printf "__sbx_nonce=%s\n%s" "$nonce" "$rc") -i'
 fi
 unset SANDBOXD_SHELL_INTEGRATION
 printf '\033]633;R;none\007'

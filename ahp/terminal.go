@@ -483,6 +483,9 @@ func (t *terminal) wait() {
 	if len(t.carry) > 0 {
 		t.process(nil, true)
 	}
+	// The shell ended during a command (exit, exec, a kill): so did the
+	// command, its code unknown; clients would show it running for ever.
+	t.finishCommand(nil)
 	_, _, st := t.t.Output()
 	a := Action{Type: "terminal/exited"}
 	if st != nil {
@@ -492,6 +495,16 @@ func (t *terminal) wait() {
 		a.ExitCode = &code
 	}
 	t.emitListed(a, true)
+}
+
+// finishCommand reports the end of the command that runs, if one does.
+func (t *terminal) finishCommand(exitCode *int) {
+	if !t.running {
+		return
+	}
+	t.running = false
+	d := time.Since(t.started).Milliseconds()
+	t.emit(Action{Type: "terminal/commandFinished", CommandID: "cmd-" + strconv.Itoa(t.cmdID), ExitCode: exitCode, DurationMs: &d})
 }
 
 // emit emits an action of the terminal's own while it is served: the
@@ -582,12 +595,7 @@ func (t *terminal) event(ev osc633.Event) {
 		t.emit(Action{Type: "terminal/commandExecuted", CommandID: "cmd-" + strconv.Itoa(t.cmdID), CommandLine: t.line, Timestamp: t.started.UnixMilli()})
 		t.line = ""
 	case 'D':
-		if !t.running {
-			return
-		}
-		t.running = false
-		d := time.Since(t.started).Milliseconds()
-		t.emit(Action{Type: "terminal/commandFinished", CommandID: "cmd-" + strconv.Itoa(t.cmdID), ExitCode: ev.ExitCode, DurationMs: &d})
+		t.finishCommand(ev.ExitCode)
 	case 'P':
 		if ev.Key == "Cwd" && len(ev.Value) > 0 && ev.Value[0] == '/' {
 			uri := fileURI(ev.Value)

@@ -535,6 +535,67 @@ func TestAHPReconnect(t *testing.T) {
 // TestAHPTitleAndForgedSequences checks that OSC 0/2 set the terminal's
 // title, and that a program in the terminal finds no nonce to forge command
 // lines with, nor gets a forged one through.
+// TestAHPShellIgnoresHomeInputrc: a command that writes a readline macro
+// into $HOME/.inputrc (HOME is /tmp, which any command may write) cannot
+// have the next terminal's shell give away its nonce: the shell reads no
+// ~/.inputrc.
+func TestAHPShellIgnoresHomeInputrc(t *testing.T) {
+	ws := workspace(t)
+	a := startAHP(t, ws)
+	const one, two = "ahp-terminal:/one", "ahp-terminal:/two"
+	c := subscribedTerminal(t, a, "client-one", one, ws)
+	c.input(one, `printf '%s\n' '"\C-m": " #\C-a echo N=$__sbx_nonce >/tmp/.n;\C-j"' > "$HOME/.inputrc"; echo wro''te`+"\r", 1)
+	eventually(t, "the macro written", 60*time.Second, func() bool { return strings.Contains(c.data(one), "wrote\r\n") })
+	d := subscribedTerminal(t, a, "client-two", two, ws)
+	// Typed once readline reads the keys: typed earlier, the line waits
+	// in the terminal, whose own line discipline turns Enter into ^J.
+	eventually(t, "the next terminal's prompt", 60*time.Second, func() bool { return strings.Contains(d.data(two), "$ ") })
+	d.input(two, "echo typ''ed\r", 1)
+	eventually(t, "a line typed in the next terminal run as typed", 60*time.Second, func() bool { return strings.Contains(d.data(two), "typed\r\n") })
+	c.input(one, "cat /tmp/.n 2>/dev/null; echo ca''t=$?\r", 2)
+	eventually(t, "cat done", 60*time.Second, func() bool { return regexp.MustCompile(`cat=\d`).MatchString(c.data(one)) })
+	if !strings.Contains(c.data(one), "cat=1") {
+		t.Errorf("the next terminal's shell ran the planted macro and gave away its nonce: %q", c.data(one))
+	}
+}
+
+// TestAHPShellExitFinishesItsCommand: a shell that ends during a command
+// (`exit 3` is one) finishes it, its code unknown, before the terminal
+// exits: clients would show it running for ever.
+func TestAHPShellExitFinishesItsCommand(t *testing.T) {
+	ws := workspace(t)
+	a := startAHP(t, ws)
+	const term = "ahp-terminal:/exit"
+	c := subscribedTerminal(t, a, "client-x", term, ws)
+	c.input(term, "exit 3\r", 1)
+	eventually(t, "the terminal exited", 60*time.Second, func() bool {
+		for _, e := range c.envelopes() {
+			if e.Channel == term && e.Action.Type == "terminal/exited" {
+				return true
+			}
+		}
+		return false
+	})
+	var executed, finished string
+	for _, e := range c.envelopes() {
+		switch {
+		case e.Channel != term:
+		case e.Action.Type == "terminal/commandExecuted" && e.Action.CommandLine == "exit 3":
+			executed = e.Action.CommandID
+		case e.Action.Type == "terminal/commandFinished":
+			finished = e.Action.CommandID
+			if e.Action.ExitCode != nil {
+				t.Errorf("commandFinished of a command the shell ended in: exit code %d, want none", *e.Action.ExitCode)
+			}
+		case e.Action.Type == "terminal/exited" && finished != executed:
+			t.Errorf("terminal/exited before commandFinished of %q (finished: %q)", executed, finished)
+		}
+	}
+	if executed == "" || finished != executed {
+		t.Errorf("commandExecuted %q, commandFinished %q: want the exit finished", executed, finished)
+	}
+}
+
 func TestAHPTitleAndForgedSequences(t *testing.T) {
 	ws := workspace(t)
 	a := startAHP(t, ws)

@@ -96,8 +96,11 @@ type Terminal struct {
 	// closed is set once the connection is closed, or is to be as soon
 	// as start has it.
 	closed bool
-	// cols and rows are the size last asked for (Resize), which the
-	// command's own sizing (ttySize) may have undone.
+	// resizing orders resizes: the size recorded is the one the engine
+	// was told last.
+	resizing sync.Mutex
+	// cols and rows are the size last made (Resize), which the command's
+	// own sizing (ttySize) may have undone; guarded by resizing.
 	cols, rows uint
 }
 
@@ -456,13 +459,13 @@ func (t *Terminal) feed() {
 // one the command started with: ttySize, running after a resize that came
 // early, set the first size again.
 func (t *Terminal) sizeAgain() {
-	t.mu.Lock()
+	t.resizing.Lock()
+	defer t.resizing.Unlock()
 	cols, rows := t.cols, t.rows
-	t.mu.Unlock()
 	if cols == 0 || cols == t.cmd.Cols && rows == t.cmd.Rows {
 		return
 	}
-	if err := t.Resize(t.session.m.ctx, cols, rows); err != nil {
+	if err := t.resizeLocked(t.session.m.ctx, cols, rows); err != nil {
 		t.session.m.log.Debug("resize again", "terminal", t.ID, "err", err)
 	}
 }
@@ -783,13 +786,17 @@ func (t *Terminal) signalAll(ctx context.Context, sig syscall.Signal) error {
 
 // Resize changes the size of a TTY terminal.
 func (t *Terminal) Resize(ctx context.Context, cols, rows uint) error {
-	t.mu.Lock()
-	t.cols, t.rows = cols, rows
-	t.mu.Unlock()
+	t.resizing.Lock()
+	defer t.resizing.Unlock()
+	return t.resizeLocked(ctx, cols, rows)
+}
+
+func (t *Terminal) resizeLocked(ctx context.Context, cols, rows uint) error {
 	_, err := t.session.m.cli.ExecResize(ctx, t.execID, client.ExecResizeOptions{Width: cols, Height: rows})
 	if err != nil {
 		return fmt.Errorf("resize terminal %s: %w", t.ID, err)
 	}
+	t.cols, t.rows = cols, rows
 	return nil
 }
 
