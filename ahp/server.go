@@ -460,10 +460,18 @@ func (s *Server) emitLocked(channel string, a Action, origin *Origin) {
 	if channel == RootURI {
 		s.root = ReduceRoot(s.root, a)
 	} else if t, ok := s.terms[channel]; ok {
-		if a.Type == "terminal/data" {
+		switch a.Type {
+		case "terminal/data":
 			t.appendData(a.Data, s.cfg.MaxContent)
-		} else {
-			t.fold(s.cfg.MaxContent)
+		default:
+			// Only what changes the content needs the data before it in
+			// place: folding it for every other action (the input of
+			// each key) copied the last content part, up to the cap,
+			// under the server's lock.
+			switch a.Type {
+			case "terminal/commandExecuted", "terminal/commandFinished", "terminal/cleared":
+				t.fold(s.cfg.MaxContent)
+			}
 			reduceTerminal(&t.state, a)
 			if a.Type == "terminal/commandExecuted" {
 				TrimContent(&t.state, s.cfg.MaxContent)
