@@ -516,23 +516,17 @@ func (d *Dispatcher) reply(id jsonrpc2.ID, res any) error {
 	if res == nil {
 		res = json.RawMessage("null")
 	}
-	wire, err := json.Marshal(id)
-	if err != nil {
-		return err
-	}
-	if id.IsString && strings.HasPrefix(id.Str, negativeID) {
-		wire = json.RawMessage(strings.TrimPrefix(id.Str, negativeID))
-	}
-	// In the member order of the library's own answers (errors).
+	// In the member order of the library's own answers (errors), the id
+	// first, where restoreNegativeID finds it.
 	b, err := marshal(struct {
-		ID      json.RawMessage `json:"id"`
-		Result  any             `json:"result"`
-		JSONRPC string          `json:"jsonrpc"`
-	}{wire, res, "2.0"})
+		ID      jsonrpc2.ID `json:"id"`
+		Result  any         `json:"result"`
+		JSONRPC string      `json:"jsonrpc"`
+	}{id, res, "2.0"})
 	if err != nil {
 		return err
 	}
-	return d.stream.WriteLine(b)
+	return d.stream.WriteLine(restoreNegativeID(b))
 }
 
 func (d *Dispatcher) replyError(ctx context.Context, conn *jsonrpc2.Conn, req *jsonrpc2.Request, err error) {

@@ -319,38 +319,34 @@ func startRun(t *testing.T, ctx context.Context, config, first string, argv ...s
 // TestRunIntoAClosedPipe: `sandboxd run -- yes | head -1` closes sandboxd's
 // stdout early; as in a shell pipeline, the command ends (sandboxd exits
 // 141, 128+SIGPIPE, without dying of the signal itself) and its container
-// goes.
+// goes. So too when the command wrote all it had and ended while sandboxd
+// still handed the output on: not all of it arrived.
 func TestRunIntoAClosedPipe(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd, out, stderr := startRun(t, ctx, testEnv.config, "y\n", "yes")
-	out.Close()
-	cmd.Wait()
-	if ctx.Err() != nil {
-		t.Fatalf("sandboxd went on running the command after its reader went away; stderr %q", stderr.String())
+	for _, tc := range []struct {
+		name, first string
+		argv        []string
+	}{
+		{"while the command writes", "y\n", []string{"yes"}},
+		{"after the command ended", "x", []string{"sh", "-c", "head -c 2000000 /dev/zero | tr '\\0' x"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			cmd, out, stderr := startRun(t, ctx, testEnv.config, tc.first, tc.argv...)
+			out.Close()
+			cmd.Wait()
+			if ctx.Err() != nil {
+				t.Fatalf("sandboxd went on running the command after its reader went away; stderr %q", stderr.String())
+			}
+			if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+				t.Errorf("sandboxd died of %v; stderr %q", ws.Signal(), stderr.String())
+			}
+			if code := cmd.ProcessState.ExitCode(); code != 141 {
+				t.Errorf("exit code %d, want 141 (128+SIGPIPE); stderr %q", code, stderr.String())
+			}
+			assertNoContainers(t, cmd.Process.Pid)
+		})
 	}
-	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		t.Errorf("sandboxd died of %v; stderr %q", ws.Signal(), stderr.String())
-	}
-	if code := cmd.ProcessState.ExitCode(); code != 141 {
-		t.Errorf("exit code %d, want 141 (128+SIGPIPE); stderr %q", code, stderr.String())
-	}
-	assertNoContainers(t, cmd.Process.Pid)
-}
-
-// TestRunIntoAPipeClosedAtTheEnd: the reader goes away after the command
-// wrote all it had and ended, while sandboxd still hands the output on:
-// still 141, since not all of it arrived.
-func TestRunIntoAPipeClosedAtTheEnd(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd, out, stderr := startRun(t, ctx, testEnv.config, "x", "sh", "-c", "head -c 2000000 /dev/zero | tr '\\0' x")
-	out.Close()
-	cmd.Wait()
-	if code := cmd.ProcessState.ExitCode(); code != 141 {
-		t.Errorf("exit code %d, want 141 (128+SIGPIPE); stderr %q", code, stderr.String())
-	}
-	assertNoContainers(t, cmd.Process.Pid)
 }
 
 // TestRunStopsWhileItsReaderDoesNotRead: SIGTERM stops `sandboxd run`
