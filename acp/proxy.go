@@ -20,6 +20,7 @@ import (
 
 	"github.com/sourcegraph/jsonrpc2"
 
+	"github.com/sandboxd/sandboxd/idlespin"
 	"github.com/sandboxd/sandboxd/sandbox"
 )
 
@@ -55,6 +56,8 @@ type Proxy struct {
 	agent  *LineStream // reads the agent's messages, writes to the agent
 	log    *slog.Logger
 	ctx    context.Context // set by Run; background work ends with it
+	// spin keeps CPUs awake for the next message after each one read.
+	spin *idlespin.Spinner
 
 	// updates is held while a session/update that shows terminals is
 	// rewritten and written, and while a watch renders and writes a
@@ -282,6 +285,7 @@ func mayConcernProxy(line []byte) bool {
 func (p *Proxy) next(s *LineStream, side string, closed error) ([]byte, error) {
 	for {
 		line, err := s.readRaw()
+		p.spin.Touch()
 		if errors.Is(err, errTooLong) {
 			p.log.Warn("dropped an over-long message from the " + side)
 			p.answerTooLong(s, err)

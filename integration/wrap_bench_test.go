@@ -3,7 +3,10 @@ package integration
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -54,9 +57,12 @@ func startPair(b *testing.B, ws string, argv ...string) (*acpsdk.ClientSideConne
 
 // BenchmarkWrapRelay compares 10,000 small request/response round trips
 // from an editor to the agent through `sandboxd wrap` with the same editor
-// and agent connected directly, and with a relay that only copies lines
-// (testrelay), the floor for any process in the path. The three take
-// turns in blocks of 100 so all see the same machine.
+// and agent connected directly, with a relay that only copies lines
+// (testrelay), the floor for any process in the path without busy
+// polling, and with wrap whose busy polling is off (server.busy_poll =
+// "0s"). The four take turns in blocks of 100 so all see the same
+// machine. It also reports each wrap's CPU time per round trip, its busy
+// polling included.
 func BenchmarkWrapRelay(b *testing.B) {
 	const trips, block = 10000, 100
 	agentBin, err := testAgent()
@@ -68,20 +74,29 @@ func BenchmarkWrapRelay(b *testing.B) {
 		b.Fatal(err)
 	}
 	ws := workspace(b)
+	noPoll := filepath.Join(b.TempDir(), "sandbox.toml")
+	if err := os.WriteFile(noPoll, []byte(testConfig+"[server]\nbusy_poll = \"0s\"\n"), 0o644); err != nil {
+		b.Fatal(err)
+	}
 	type pair struct {
 		conn *acpsdk.ClientSideConnection
 		sid  acpsdk.SessionId
+		pid  int // of wrap
 		d    []time.Duration
+	}
+	wrapPair := func(flags ...string) *pair {
+		w := startWrapWith(b, ws, acpsdk.ClientCapabilities{}, false, flags...)
+		return &pair{conn: w.conn, sid: w.newSession(b, context.Background(), ws), pid: w.cmd.Process.Pid}
 	}
 	direct, relay := &pair{}, &pair{}
 	direct.conn, direct.sid = startPair(b, ws, agentBin)
 	relay.conn, relay.sid = startPair(b, ws, relayBin, agentBin)
-	w := startWrap(b, ws, acpsdk.ClientCapabilities{})
-	wrapped := &pair{conn: w.conn, sid: w.newSession(b, context.Background(), ws)}
+	polled, unpolled := wrapPair(), wrapPair("--config", noPoll)
 	ctx := context.Background()
+	cpu0, cpuNoPoll0 := procCPU(b, polled.pid), procCPU(b, unpolled.pid)
 	for range b.N {
 		for range trips / block {
-			for _, p := range []*pair{direct, relay, wrapped} {
+			for _, p := range []*pair{direct, relay, unpolled, polled} {
 				for range block {
 					t0 := time.Now()
 					if _, err := p.conn.SetSessionMode(ctx, acpsdk.SetSessionModeRequest{SessionId: p.sid, ModeId: "default"}); err != nil {
@@ -92,14 +107,40 @@ func BenchmarkWrapRelay(b *testing.B) {
 			}
 		}
 	}
+	cpu, cpuNoPoll := procCPU(b, polled.pid)-cpu0, procCPU(b, unpolled.pid)-cpuNoPoll0
 	us := func(d time.Duration) float64 { return float64(d) / 1e3 }
-	dp, rp, wp := p50(direct.d), p50(relay.d), p50(wrapped.d)
+	dp, rp, wp, np := p50(direct.d), p50(relay.d), p50(polled.d), p50(unpolled.d)
 	b.ReportMetric(us(dp), "direct-p50-µs")
 	b.ReportMetric(us(rp), "copy-relay-p50-µs")
 	b.ReportMetric(us(wp), "wrap-p50-µs")
+	b.ReportMetric(us(np), "wrap-nopoll-p50-µs")
 	b.ReportMetric(float64(wp)/float64(dp), "wrap/direct")
+	b.ReportMetric(float64(np)/float64(dp), "wrap-nopoll/direct")
 	b.ReportMetric(float64(rp)/float64(dp), "copy-relay/direct")
-	b.ReportMetric(float64(wp)/float64(rp), "wrap/copy-relay")
+	b.ReportMetric(float64(np)/float64(rp), "wrap-nopoll/copy-relay")
+	b.ReportMetric(us(cpu)/float64(b.N*trips), "wrap-cpu-µs/trip")
+	b.ReportMetric(us(cpuNoPoll)/float64(b.N*trips), "wrap-nopoll-cpu-µs/trip")
+}
+
+// procCPU returns the CPU time a process has used, its threads' together.
+func procCPU(b testing.TB, pid int) time.Duration {
+	b.Helper()
+	text, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		b.Fatal(err)
+	}
+	// After the command's closing parenthesis: state is field 3, utime
+	// and stime fields 14 and 15, in USER_HZ (100 a second on Linux).
+	fields := strings.Fields(string(text[strings.LastIndexByte(string(text), ')')+1:]))
+	var ticks int64
+	for _, f := range fields[11:13] {
+		n, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond
 }
 
 // BenchmarkWrapFirstCommand measures, through wrap, how long after

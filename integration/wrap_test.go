@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -287,6 +288,90 @@ func TestWrapFlagsHoldForEverySession(t *testing.T) {
 			t.Errorf("%s: %q, want pids.max 48", verb, got)
 		}
 	}
+}
+
+// TestWrapBusyPolls: after the messages it relays, wrap keeps CPUs awake
+// with threads at SCHED_IDLE (server.busy_poll), and with busy_poll =
+// "0s" it has no such thread.
+func TestWrapBusyPolls(t *testing.T) {
+	ws := workspace(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	relay := func(w *wrapped) {
+		sid := w.newSession(t, ctx, ws)
+		for range 100 {
+			if _, err := w.conn.SetSessionMode(ctx, acpsdk.SetSessionModeRequest{SessionId: sid, ModeId: "default"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	w := startWrap(t, ws, acpsdk.ClientCapabilities{})
+	pid := w.cmd.Process.Pid
+	if strings.Contains(w.logs.String(), "busy polling: off under the CPU quota") {
+		// Its cgroup has a quota, which spinning would use up.
+		if n := len(idleThreads(t, pid)); n != 0 {
+			t.Errorf("%d SCHED_IDLE threads under a CPU quota", n)
+		}
+	} else {
+		var before map[string]int64
+		eventually(t, "two SCHED_IDLE threads", 10*time.Second, func() bool {
+			before = idleThreads(t, pid)
+			return len(before) == min(runtime.NumCPU(), 2)
+		})
+		relay(w)
+		// They spun: their time on CPU grew.
+		after := idleThreads(t, pid)
+		spun := false
+		for tid, ns := range after {
+			spun = spun || ns > before[tid]
+		}
+		if !spun {
+			t.Errorf("SCHED_IDLE threads did not run while wrap relayed: before %v, after %v", before, after)
+		}
+	}
+
+	off := filepath.Join(t.TempDir(), "sandbox.toml")
+	if err := os.WriteFile(off, []byte(testConfig+"[server]\nbusy_poll = \"0s\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w = startWrapWith(t, ws, acpsdk.ClientCapabilities{}, false, "--config", off)
+	relay(w)
+	if got := idleThreads(t, w.cmd.Process.Pid); len(got) != 0 {
+		t.Errorf("busy_poll = \"0s\": SCHED_IDLE threads %v", got)
+	}
+}
+
+// idleThreads returns the time on CPU, in nanoseconds, of each thread of
+// process pid whose scheduling policy is SCHED_IDLE.
+func idleThreads(t testing.TB, pid int) map[string]int64 {
+	t.Helper()
+	stats, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	threads := make(map[string]int64)
+	for _, f := range stats {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // the thread ended
+		}
+		// After the command's closing parenthesis: state is field 3,
+		// policy field 41.
+		fields := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(fields) < 39 || fields[38] != "5" {
+			continue
+		}
+		sched, err := os.ReadFile(filepath.Join(filepath.Dir(f), "schedstat"))
+		if err != nil {
+			continue
+		}
+		var ns int64
+		if _, err := fmt.Sscan(string(sched), &ns); err != nil {
+			t.Fatal(err)
+		}
+		threads[filepath.Base(filepath.Dir(f))] = ns
+	}
+	return threads
 }
 
 // TestWrapSharesTheAgentsContainerOverAHP: a person opens an AHP terminal

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/acp"
+	"github.com/sandboxd/sandboxd/idlespin"
 	"github.com/sandboxd/sandboxd/sandbox"
 )
 
@@ -48,23 +49,19 @@ func cmdWrap(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	if _, err := exec.LookPath(argv[0]); err != nil {
 		return 0, fmt.Errorf("start agent %q: %w", argv[0], err)
 	}
-	// The relay's two readers spend their idle time blocked in read(2),
-	// each holding a P. With no P left idle the runtime takes theirs away,
-	// and every message then wakes a second thread on its way back from
-	// the read; two spare Ps keep that path short (measured: 1.5x direct
-	// latency down to 1.4x).
-	runtime.GOMAXPROCS(runtime.GOMAXPROCS(0) + 2)
 	log, closeLog, err := c.logger(stderr)
 	if err != nil {
 		return 0, err
 	}
 	defer closeLog()
 	var workspace string
+	var busyPoll time.Duration
 	m, err := c.setup(ctx, stderr, log, defaults.Image, ah.private(), func(cfg *sandbox.Config) error {
 		// An editor may start its agent anywhere, the user's home
 		// included; its sessions name their own directories. AHP's
 		// terminals need the served workspace, though.
 		cfg.FallbackWorkspace = ah.listen == ""
+		busyPoll = time.Duration(cfg.Server.BusyPoll)
 		var err error
 		if workspace, err = cfg.ServedWorkspace(); err != nil {
 			return err
@@ -80,6 +77,23 @@ func cmdWrap(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		return 0, err
 	}
 	defer closeManager(m, log)
+	spinners := min(runtime.NumCPU(), 2)
+	spin, err := idlespin.New(spinners, busyPoll)
+	if err != nil {
+		log.Info(err.Error())
+	}
+	defer spin.Close()
+	// The relay's two readers spend their idle time blocked in read(2),
+	// each holding a P. With no P left idle the runtime takes theirs away,
+	// and every message then wakes a second thread on its way back from
+	// the read; two spare Ps keep that path short (measured: 1.5x direct
+	// latency down to 1.4x). A busy-polling thread holds one more while
+	// it spins.
+	spare := 2
+	if spin != nil {
+		spare += spinners
+	}
+	runtime.GOMAXPROCS(runtime.GOMAXPROCS(0) + spare)
 	agent := acp.Agent{Argv: argv, Stderr: stderr, Grace: *grace}
 	if wd, err := os.Getwd(); err == nil {
 		agent.Dir = wd
@@ -95,7 +109,7 @@ func cmdWrap(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	defer cancel()
 	editor := acp.NewStdio(stdin, stdout)
 	defer editor.Close()
-	return acp.Wrap(ctx, terms, editor, agent, log)
+	return acp.Wrap(ctx, terms, editor, agent, spin, log)
 }
 
 // sessionFlags override the configured image, network and limits of every

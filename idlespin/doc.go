@@ -1,0 +1,15 @@
+// Package idlespin keeps CPUs from sleeping for a short while after each
+// message a relay passes on, as the kernel's halt polling does where the
+// machine allows it.
+//
+// A relay adds a process to the path of every message, and each message
+// then wakes one process more. Where an idle CPU halts at once (a
+// Firecracker guest has guest_halt_poll_ns set to 0), waking a process
+// on it costs tens of microseconds in the host, more than the relay's
+// own work. A thread that spins at SCHED_IDLE keeps its CPU awake: the
+// scheduler still counts that CPU as idle, places woken tasks on it and
+// lets them preempt the spinner at once, so the spinner takes no CPU
+// time any other task wants. It spins only for a fixed window after the
+// last message, and not at all where the process's cgroup has a CPU
+// quota, which its spinning would use up.
+package idlespin
