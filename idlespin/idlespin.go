@@ -94,6 +94,23 @@ func (s *Spinner) run() {
 	// Never unlocked: the thread, whose class is changed below, ends
 	// with this goroutine instead of running others.
 	runtime.LockOSThread()
+	// A signal to the process goes to a thread that does not block it,
+	// the main thread first, which this may be: at SCHED_IDLE on a busy
+	// machine it would wait long to run the handler (Ctrl-C, SIGTERM
+	// from an editor). Only the runtime's own preemption signal and the
+	// faults, which are this thread's, stay.
+	var mask unix.Sigset_t
+	for sig := unix.Signal(1); sig <= 64; sig++ {
+		switch sig {
+		case unix.SIGURG, unix.SIGPROF, unix.SIGSEGV, unix.SIGBUS, unix.SIGFPE, unix.SIGILL, unix.SIGTRAP, unix.SIGSYS:
+			continue
+		}
+		mask.Val[(sig-1)/64] |= 1 << ((sig - 1) % 64)
+	}
+	if err := unix.PthreadSigmask(unix.SIG_BLOCK, &mask, nil); err != nil {
+		<-s.done
+		return
+	}
 	if err := unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0); err != nil {
 		// Spinning in the normal class would take CPU from real work
 		// (a seccomp profile may refuse the call).

@@ -328,6 +328,24 @@ func TestWrapBusyPolls(t *testing.T) {
 		if !spun {
 			t.Errorf("SCHED_IDLE threads did not run while wrap relayed: before %v, after %v", before, after)
 		}
+		// Signals to the process are handled by other threads.
+		for tid := range after {
+			status, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/status", pid, tid))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var blocked uint64
+			for line := range strings.SplitSeq(string(status), "\n") {
+				if v, ok := strings.CutPrefix(line, "SigBlk:"); ok {
+					fmt.Sscanf(strings.TrimSpace(v), "%x", &blocked)
+				}
+			}
+			for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP} {
+				if blocked&(1<<(sig-1)) == 0 {
+					t.Errorf("SCHED_IDLE thread %s does not block %v (SigBlk %x)", tid, sig, blocked)
+				}
+			}
+		}
 	}
 
 	off := filepath.Join(t.TempDir(), "sandbox.toml")
