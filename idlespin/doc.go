@@ -9,7 +9,16 @@
 // own work. A thread that spins at SCHED_IDLE keeps its CPU awake: the
 // scheduler still counts that CPU as idle, places woken tasks on it and
 // lets them preempt the spinner at once, so the spinner takes no CPU
-// time any other task wants. It spins only for a fixed window after the
-// last message, and not at all where the process's cgroup has a CPU
-// quota, which its spinning would use up.
+// time another task of the machine wants. It spins only for a fixed
+// window after the last message, and not at all where the process's
+// cgroup has a CPU quota, which its spinning would use up.
+//
+// The spinning threads live in a helper process of their own (the same
+// executable, started with HelperCommand): a thread of the relay's own
+// Go runtime would hold one of its Ps while it spins, and a SCHED_IDLE
+// thread preempted on a busy machine may not run again for long, which
+// would hold up every garbage collection of the relay. The relay and the
+// helper share one page: the relay bumps a counter in it for each
+// message, which the helper's threads watch while they spin and wait on
+// (a futex) while they do not.
 package idlespin

@@ -1,193 +1,160 @@
 package idlespin
 
 import (
+	"bufio"
+	"errors"
 	"fmt"
-	"io/fs"
 	"os"
-	"path"
-	"runtime"
+	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
 
+// HelperCommand is the first argument that makes the executable the
+// helper process: its main calls RunHelper with the arguments after it.
+const HelperCommand = "__idlespin_helper"
+
+// ErrCPUQuota is returned by New where the process's cgroup, or one above
+// it, has a CPU quota: the spinning would use it up.
+var ErrCPUQuota = errors.New("CPU quota")
+
+// page is the memory the relay and the helper share.
+type page struct {
+	// seq is bumped by each Touch; the helper's waiting threads wait on
+	// it (a futex word).
+	seq atomic.Uint32
+	// sleepers counts the helper's threads waiting on seq: Touch wakes
+	// them only when there are some.
+	sleepers atomic.Int32
+	// spinning counts the threads spinning now, rounds the times one
+	// began to spin: what tests watch.
+	spinning atomic.Int32
+	rounds   atomic.Uint64
+}
+
 // Spinner keeps CPUs awake while messages pass. A nil *Spinner does
 // nothing.
 type Spinner struct {
-	window time.Duration
-	epoch  time.Time
-	// until is when spinning stops, in nanoseconds since epoch.
-	until atomic.Int64
-	// spinning counts the threads spinning now: a Touch while one
-	// spins only moves until.
-	spinning atomic.Int32
-	closed   atomic.Bool
-	wake     chan struct{}
-	done     chan struct{}
-	wg       sync.WaitGroup
-	once     sync.Once
+	shared *page
+	helper *exec.Cmd
+	once   sync.Once
 }
 
-// New starts n threads that spin for window after each Touch. Each holds
-// a Go P while it spins, so the caller raises GOMAXPROCS by n. It returns
-// an error saying why not, and no Spinner, where the process's cgroup has
-// a CPU quota, and neither when n or window is 0.
+// New starts a helper process of n threads that spin for window after
+// each Touch, or returns why not: no Spinner and no error when n or window
+// is 0, an error wrapping ErrCPUQuota under a CPU quota.
 func New(n int, window time.Duration) (*Spinner, error) {
 	if n <= 0 || window <= 0 {
 		return nil, nil
 	}
-	if quota, err := cpuQuota(os.DirFS("/"), "/proc/self/cgroup"); err != nil {
+	if quota, err := cpuQuota(os.DirFS("/")); err != nil {
 		return nil, fmt.Errorf("busy polling: %w", err)
 	} else if quota != "" {
-		return nil, fmt.Errorf("busy polling: off under the CPU quota of cgroup %s, which spinning would use up", quota)
+		return nil, fmt.Errorf("busy polling: off under the %w of cgroup %s, which spinning would use up", ErrCPUQuota, quota)
 	}
-	s := &Spinner{
-		window: window,
-		epoch:  time.Now(),
-		wake:   make(chan struct{}, n),
-		done:   make(chan struct{}),
+	fd, err := unix.MemfdCreate("sandboxd-idlespin", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("busy polling: %w", err)
 	}
-	for range n {
-		s.wg.Add(1)
-		go s.run()
+	memfd := os.NewFile(uintptr(fd), "idlespin")
+	defer memfd.Close() // the mapping keeps it
+	mem, err := mapPage(memfd)
+	if err != nil {
+		return nil, fmt.Errorf("busy polling: %w", err)
+	}
+	// Never unmapped: a Touch racing Close must not write to memory gone.
+	s := &Spinner{shared: (*page)(unsafe.Pointer(&mem[0]))}
+	cmd := exec.Command("/proc/self/exe", HelperCommand, strconv.Itoa(n), window.String(), strconv.Itoa(os.Getpid()))
+	cmd.Args[0] = "sandboxd"
+	cmd.Dir = "/"
+	cmd.Env = []string{}
+	cmd.ExtraFiles = []*os.File{memfd}
+	// Its own process group, out of the reach of the terminal's signals:
+	// it ends with Close, or when its parent is gone.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, fmt.Errorf("busy polling: %w", err)
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("busy polling: start helper: %w", err)
+	}
+	s.helper = cmd
+	// The helper says "ready" once its threads run at SCHED_IDLE, or why
+	// they cannot.
+	said := make(chan string, 1)
+	go func() {
+		line, err := bufio.NewReader(out).ReadString('\n')
+		if line = strings.TrimSpace(line); line == "" {
+			line = fmt.Sprint("helper ended: ", err)
+		}
+		said <- line
+	}()
+	var line string
+	select {
+	case line = <-said:
+	case <-time.After(helperTimeout):
+		line = "helper did not start within " + helperTimeout.String()
+	}
+	if line != "ready" {
+		s.Close()
+		return nil, fmt.Errorf("busy polling: %s", line)
 	}
 	return s, nil
 }
 
-// Touch notes a message: the threads spin until window after now.
+func mapPage(f *os.File) ([]byte, error) {
+	size := os.Getpagesize()
+	if err := f.Truncate(int64(size)); err != nil {
+		return nil, err
+	}
+	return unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+}
+
+// Touch notes a message: the helper's threads spin until window after
+// the last one.
 func (s *Spinner) Touch() {
 	if s == nil {
 		return
 	}
-	s.until.Store(int64(time.Since(s.epoch) + s.window))
-	if s.spinning.Load() < int32(cap(s.wake)) {
-		for range cap(s.wake) {
-			select {
-			case s.wake <- struct{}{}:
-			default:
-			}
-		}
+	s.shared.seq.Add(1)
+	if s.shared.sleepers.Load() > 0 {
+		futex(&s.shared.seq, futexWake, 1<<30, nil)
 	}
 }
 
-// Close stops the threads, spinning or not, and waits for them to end.
+// Close ends the helper process.
 func (s *Spinner) Close() {
 	if s == nil {
 		return
 	}
 	s.once.Do(func() {
-		s.closed.Store(true)
-		close(s.done)
+		s.helper.Process.Kill()
+		s.helper.Wait()
 	})
-	s.wg.Wait()
 }
 
-func (s *Spinner) due() bool {
-	return !s.closed.Load() && int64(time.Since(s.epoch)) < s.until.Load()
-}
+// helperTimeout bounds the helper's start.
+const helperTimeout = 10 * time.Second
 
-func (s *Spinner) run() {
-	defer s.wg.Done()
-	// Never unlocked: the thread, whose class is changed below, ends
-	// with this goroutine instead of running others.
-	runtime.LockOSThread()
-	// A signal to the process goes to a thread that does not block it,
-	// the main thread first, which this may be: at SCHED_IDLE on a busy
-	// machine it would wait long to run the handler (Ctrl-C, SIGTERM
-	// from an editor). Only the runtime's own preemption signal and the
-	// faults, which are this thread's, stay.
-	var mask unix.Sigset_t
-	for sig := unix.Signal(1); sig <= 64; sig++ {
-		switch sig {
-		case unix.SIGURG, unix.SIGPROF, unix.SIGSEGV, unix.SIGBUS, unix.SIGFPE, unix.SIGILL, unix.SIGTRAP, unix.SIGSYS:
-			continue
-		}
-		mask.Val[(sig-1)/64] |= 1 << ((sig - 1) % 64)
-	}
-	if err := unix.PthreadSigmask(unix.SIG_BLOCK, &mask, nil); err != nil {
-		<-s.done
-		return
-	}
-	if err := unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0); err != nil {
-		// Spinning in the normal class would take CPU from real work
-		// (a seccomp profile may refuse the call).
-		<-s.done
-		return
-	}
-	for {
-		select {
-		case <-s.wake:
-		case <-s.done:
-			return
-		}
-		for {
-			s.spinning.Add(1)
-			for s.due() {
-			}
-			s.spinning.Add(-1)
-			// A Touch that came as this thread stopped may have seen
-			// it still spinning, and not woken it.
-			if !s.due() {
-				break
-			}
-		}
-	}
-}
+const (
+	futexWait = 0
+	futexWake = 1
+)
 
-// cpuQuota returns the first cgroup, from the process's own up to the
-// root, that has a CPU quota, or "" if none has. cgroupFile is the
-// process's /proc/PID/cgroup, read from fsys with the cgroup filesystems
-// mounted at sys/fs/cgroup (v2) and sys/fs/cgroup/cpu (v1).
-func cpuQuota(fsys fs.FS, cgroupFile string) (string, error) {
-	b, err := fs.ReadFile(fsys, strings.TrimPrefix(cgroupFile, "/"))
-	if err != nil {
-		return "", err
+// futex is futex(2) on a word the relay and the helper share (no
+// FUTEX_PRIVATE_FLAG).
+func futex(word *atomic.Uint32, op int, val uint32, timeout *unix.Timespec) error {
+	_, _, errno := unix.Syscall6(unix.SYS_FUTEX, uintptr(unsafe.Pointer(word)), uintptr(op), uintptr(val), uintptr(unsafe.Pointer(timeout)), 0, 0)
+	if errno != 0 {
+		return errno
 	}
-	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-		// hierarchy-id:controllers:path
-		parts := strings.SplitN(line, ":", 3)
-		if len(parts) != 3 {
-			continue
-		}
-		var root, file string
-		switch {
-		case parts[0] == "0" && parts[1] == "":
-			root, file = "sys/fs/cgroup", "cpu.max"
-		case hasController(parts[1], "cpu"):
-			root, file = "sys/fs/cgroup/cpu", "cpu.cfs_quota_us"
-		default:
-			continue
-		}
-		for dir := path.Clean("/" + parts[2]); ; dir = path.Dir(dir) {
-			v, err := fs.ReadFile(fsys, path.Join(root, dir, file))
-			// The root has no cpu.max, and a cgroup namespace may hide
-			// the levels above its own.
-			if err == nil && limited(strings.TrimSpace(string(v))) {
-				return dir, nil
-			}
-			if dir == "/" {
-				break
-			}
-		}
-	}
-	return "", nil
-}
-
-func hasController(list, name string) bool {
-	for _, c := range strings.Split(list, ",") {
-		if c == name {
-			return true
-		}
-	}
-	return false
-}
-
-// limited reads a cpu.max ("max 100000" or "50000 100000") or a
-// cpu.cfs_quota_us ("-1" or "50000").
-func limited(v string) bool {
-	quota, _, _ := strings.Cut(v, " ")
-	return quota != "" && quota != "max" && quota != "-1"
+	return nil
 }

@@ -2,65 +2,119 @@ package idlespin
 
 import (
 	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"testing/fstest"
 	"time"
 )
 
+func TestMain(m *testing.M) {
+	// New starts this test binary as its helper.
+	if len(os.Args) > 1 && os.Args[1] == HelperCommand {
+		os.Exit(RunHelper(os.Args[2:]))
+	}
+	os.Exit(m.Run())
+}
+
 func TestCPUQuota(t *testing.T) {
 	file := func(s string) *fstest.MapFile { return &fstest.MapFile{Data: []byte(s)} }
+	const (
+		v2    = "30 23 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+		v1cpu = "32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,relatime - cgroup cgroup rw,cpu,cpuacct\n"
+		// A container without a cgroup namespace: its own cgroup is the
+		// root of what it sees.
+		v1docker = "32 31 0:29 /docker/abc /sys/fs/cgroup/cpu,cpuacct ro,relatime - cgroup cgroup rw,cpu,cpuacct\n"
+		hybrid   = "40 31 0:40 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n"
+		spaced   = "30 23 0:26 / /sys/fs/my\\040cgroup rw - cgroup2 cgroup2 rw\n"
+	)
 	tests := []struct {
-		name string
-		fs   fstest.MapFS
-		want string
+		name    string
+		fs      fstest.MapFS
+		want    string
+		wantErr string
 	}{
-		{"v2 no quota", fstest.MapFS{
-			"proc/self/cgroup":                         file("0::/user.slice/session-1.scope\n"),
-			"sys/fs/cgroup/user.slice/cpu.max":         file("max 100000\n"),
-			"sys/fs/cgroup/user.slice/session-1.scope": &fstest.MapFile{Mode: 0o755 | os.ModeDir},
-		}, ""},
-		{"v2 own quota", fstest.MapFS{
+		{name: "v2 no quota", fs: fstest.MapFS{
+			"proc/self/cgroup":                                 file("0::/user.slice/session-1.scope\n"),
+			"proc/self/mountinfo":                              file(v2),
+			"sys/fs/cgroup/user.slice/cpu.max":                 file("max 100000\n"),
+			"sys/fs/cgroup/user.slice/session-1.scope/cpu.max": file("max 100000\n"),
+		}},
+		{name: "v2 own quota", fs: fstest.MapFS{
 			"proc/self/cgroup":          file("0::/box\n"),
+			"proc/self/mountinfo":       file(v2),
 			"sys/fs/cgroup/box/cpu.max": file("50000 100000\n"),
-		}, "/box"},
-		{"v2 quota above", fstest.MapFS{
+		}, want: "/box"},
+		{name: "v2 quota above", fs: fstest.MapFS{
 			"proc/self/cgroup":            file("0::/a/b/c\n"),
+			"proc/self/mountinfo":         file(v2),
 			"sys/fs/cgroup/a/cpu.max":     file("200000 100000\n"),
 			"sys/fs/cgroup/a/b/c/cpu.max": file("max 100000\n"),
-		}, "/a"},
-		{"v2 namespace root", fstest.MapFS{
+		}, want: "/a"},
+		{name: "v2 namespace root", fs: fstest.MapFS{
 			"proc/self/cgroup":      file("0::/\n"),
+			"proc/self/mountinfo":   file(v2),
 			"sys/fs/cgroup/cpu.max": file("100000 100000\n"),
-		}, "/"},
-		{"v1 no quota", fstest.MapFS{
-			"proc/self/cgroup": file("9:name=systemd:/\n4:cpu,cpuacct:/docker/abc\n3:pids:/\n"),
-			"sys/fs/cgroup/cpu/docker/abc/cpu.cfs_quota_us": file("-1\n"),
-			"sys/fs/cgroup/cpu/cpu.cfs_quota_us":            file("-1\n"),
-		}, ""},
-		{"v1 quota", fstest.MapFS{
-			"proc/self/cgroup": file("4:cpuacct,cpu:/docker/abc\n"),
-			"sys/fs/cgroup/cpu/docker/abc/cpu.cfs_quota_us": file("150000\n"),
-		}, "/docker/abc"},
-		{"v1 cpuset is not cpu", fstest.MapFS{
-			"proc/self/cgroup":                     file("5:cpuset:/x\n"),
-			"sys/fs/cgroup/cpu/x/cpu.cfs_quota_us": file("1000\n"),
-		}, ""},
-		{"hybrid", fstest.MapFS{
-			"proc/self/cgroup":                   file("4:cpu,cpuacct:/\n0::/u\n"),
-			"sys/fs/cgroup/cpu/cpu.cfs_quota_us": file("-1\n"),
-			"sys/fs/cgroup/u/cpu.max":            file("10000 100000\n"),
-		}, "/u"},
-		{"path climbing out", fstest.MapFS{
-			"proc/self/cgroup":          file("0::/../../etc\n"),
-			"sys/fs/cgroup/etc/cpu.max": file("1 100000\n"),
-		}, "/etc"},
-		{"garbage lines", fstest.MapFS{
-			"proc/self/cgroup": file("nonsense\n\n::\n"),
-		}, ""},
+		}, want: "/"},
+		{name: "v2 mount point with a space", fs: fstest.MapFS{
+			"proc/self/cgroup":           file("0::/x\n"),
+			"proc/self/mountinfo":        file(spaced),
+			"sys/fs/my cgroup/x/cpu.max": file("1000 100000\n"),
+		}, want: "/x"},
+		{name: "v1 no quota", fs: fstest.MapFS{
+			"proc/self/cgroup":    file("9:name=systemd:/\n4:cpu,cpuacct:/docker/abc\n3:pids:/\n"),
+			"proc/self/mountinfo": file(v1cpu),
+			"sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_quota_us": file("-1\n"),
+			"sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us":            file("-1\n"),
+		}},
+		{name: "v1 quota", fs: fstest.MapFS{
+			"proc/self/cgroup":    file("4:cpuacct,cpu:/docker/abc\n"),
+			"proc/self/mountinfo": file(v1cpu),
+			"sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_quota_us": file("150000\n"),
+		}, want: "/docker/abc"},
+		{name: "v1 container without cgroup namespace", fs: fstest.MapFS{
+			"proc/self/cgroup":                           file("4:cpu,cpuacct:/docker/abc\n"),
+			"proc/self/mountinfo":                        file(v1docker),
+			"sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us": file("100000\n"),
+		}, want: "/docker/abc"},
+		{name: "v1 cpuset is not cpu", fs: fstest.MapFS{
+			"proc/self/cgroup":    file("5:cpuset:/x\n"),
+			"proc/self/mountinfo": file("34 31 0:31 / /sys/fs/cgroup/cpuset rw - cgroup cgroup rw,cpuset\n"),
+		}},
+		{name: "hybrid", fs: fstest.MapFS{
+			"proc/self/cgroup":                           file("4:cpu,cpuacct:/\n0::/u\n"),
+			"proc/self/mountinfo":                        file(v1cpu + hybrid),
+			"sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us": file("-1\n"),
+			"sys/fs/cgroup/unified/u/cpu.max":            file("10000 100000\n"),
+		}, want: "/u"},
+		{name: "outside the namespace root", fs: fstest.MapFS{
+			"proc/self/cgroup":    file("0::/../../etc\n"),
+			"proc/self/mountinfo": file(v2),
+		}, wantErr: "outside /"},
+		{name: "outside the mount's root", fs: fstest.MapFS{
+			"proc/self/cgroup":    file("4:cpu,cpuacct:/other\n"),
+			"proc/self/mountinfo": file(v1docker),
+		}, wantErr: "outside /docker/abc"},
+		{name: "hierarchy not mounted", fs: fstest.MapFS{
+			"proc/self/cgroup":    file("0::/x\n"),
+			"proc/self/mountinfo": file(v1cpu),
+		}, wantErr: "not mounted"},
+		{name: "garbage lines", fs: fstest.MapFS{
+			"proc/self/cgroup":    file("nonsense\n\n::\n"),
+			"proc/self/mountinfo": file("junk\n - \n"),
+		}},
+		{name: "no cgroup file", fs: fstest.MapFS{}, wantErr: "proc/self/cgroup"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := cpuQuota(tt.fs, "/proc/self/cgroup")
+			got, err := cpuQuota(tt.fs)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("cpuQuota = %q, %v; want an error with %q", got, err, tt.wantErr)
+				}
+				return
+			}
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -69,47 +123,89 @@ func TestCPUQuota(t *testing.T) {
 			}
 		})
 	}
-	if _, err := cpuQuota(fstest.MapFS{}, "/proc/self/cgroup"); err == nil {
-		t.Error("cpuQuota without a cgroup file: no error")
-	}
 }
 
-// TestSpinnerSpinsForItsWindow: the thread spins from a Touch until the
-// window after it, and not before. (That it spins at SCHED_IDLE, and uses
-// CPU then, integration's TestWrapBusyPolls shows.)
-func TestSpinnerSpinsForItsWindow(t *testing.T) {
-	if quota, err := cpuQuota(os.DirFS("/"), "/proc/self/cgroup"); err != nil || quota != "" {
-		t.Skipf("this process's cgroup has a CPU quota (%q, %v): no spinner", quota, err)
+// newSpinner returns a Spinner, or skips where this machine gives none.
+func newSpinner(t *testing.T, n int, window time.Duration) *Spinner {
+	t.Helper()
+	if quota, err := cpuQuota(os.DirFS("/")); err != nil || quota != "" {
+		t.Skipf("no busy polling here: quota %q, %v", quota, err)
 	}
-	const window = 100 * time.Millisecond
-	s, err := New(1, window)
+	s, err := New(n, window)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
-	if s.due() || s.spinning.Load() != 0 {
-		t.Fatal("spinning before any Touch")
+	t.Cleanup(s.Close)
+	return s
+}
+
+// TestSpinnerSpinsForItsWindow: the helper's thread spins from a Touch
+// until the window after it, at SCHED_IDLE, and not before.
+func TestSpinnerSpinsForItsWindow(t *testing.T) {
+	const window = 100 * time.Millisecond
+	s := newSpinner(t, 1, window)
+	policies := threadPolicies(t, s.helper.Process.Pid)
+	if policies["5"] != 1 {
+		t.Errorf("helper thread policies %v, want one SCHED_IDLE (5)", policies)
+	}
+	if n := s.shared.rounds.Load(); n != 0 {
+		t.Fatalf("%d rounds of spinning before any Touch", n)
 	}
 	start := time.Now()
 	s.Touch()
-	poll(t, "the thread spins", func() bool { return s.spinning.Load() == 1 })
-	poll(t, "the thread stops", func() bool { return s.spinning.Load() == 0 })
+	poll(t, "a round of spinning", func() bool { return s.shared.rounds.Load() == 1 })
+	poll(t, "the thread stops", func() bool { return s.shared.spinning.Load() == 0 })
 	if d := time.Since(start); d < window {
 		t.Errorf("stopped after %s, before the window of %s", d, window)
 	}
-	// Touched again, it spins again.
 	s.Touch()
-	poll(t, "the thread spins again", func() bool { return s.spinning.Load() == 1 })
+	poll(t, "a second round", func() bool { return s.shared.rounds.Load() == 2 })
 }
 
-func poll(t *testing.T, what string, cond func() bool) {
+// threadPolicies counts the threads of process pid by scheduling policy.
+func threadPolicies(t *testing.T, pid int) map[string]int {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 10s", what)
+	stats, err := filepath.Glob("/proc/" + strconv.Itoa(pid) + "/task/*/stat")
+	if err != nil || len(stats) == 0 {
+		t.Fatalf("threads of %d: %v", pid, err)
+	}
+	policies := make(map[string]int)
+	for _, f := range stats {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // the thread ended
 		}
-		time.Sleep(5 * time.Millisecond)
+		// After the command's closing parenthesis: state is field 3,
+		// policy field 41.
+		fields := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+		policies[fields[38]]++
+	}
+	return policies
+}
+
+func TestCloseEndsTheHelper(t *testing.T) {
+	s := newSpinner(t, 2, time.Hour)
+	s.Touch()
+	poll(t, "both threads spin", func() bool { return s.shared.spinning.Load() == 2 })
+	s.Close()
+	if s.helper.ProcessState == nil {
+		t.Fatal("helper not waited for")
+	}
+	s.Touch() // after Close: nothing, and no fault
+	s.Close()
+}
+
+func TestRunHelperRefusesBadArguments(t *testing.T) {
+	for _, args := range [][]string{
+		nil,
+		{"0", "1ms", strconv.Itoa(os.Getppid())},
+		{"1", "0s", strconv.Itoa(os.Getppid())},
+		{"1", "1ms", "1"}, // not this process's parent
+		{"x", "1ms", strconv.Itoa(os.Getppid())},
+	} {
+		if err := runHelper(args); err == nil {
+			t.Errorf("runHelper(%q): no error", args)
+		}
 	}
 }
 
@@ -127,22 +223,13 @@ func TestNilAndOff(t *testing.T) {
 	}
 }
 
-func TestCloseStopsSpinning(t *testing.T) {
-	s, err := New(2, time.Hour)
-	if err != nil {
-		t.Skip(err)
-	}
-	s.Touch()
-	poll(t, "both threads spin", func() bool { return s.spinning.Load() == 2 })
-	done := make(chan struct{})
-	go func() { s.Close(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("Close did not stop threads spinning for an hour")
-	}
-	s.Touch() // after Close: nothing
-	if s.spinning.Load() != 0 {
-		t.Error("spinning after Close")
+func poll(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 10s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -840,9 +840,6 @@ func TestCoverHostMounts(t *testing.T) {
 	if got := mountPointsOf([]byte(info)); !slices.Equal(got, []string{"/real/w", "/real/w/a b", "/real/w/c\u00a0d\re"}) {
 		t.Errorf("mountPointsOf = %q", got)
 	}
-	if got := unescapeMountinfo(`/real/w/a\040b\134c`); got != `/real/w/a b\c` {
-		t.Errorf("unescapeMountinfo = %q", got)
-	}
 }
 
 func TestExecErrorMissing(t *testing.T) {

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxd/sandboxd/limits"
+	"github.com/sandboxd/sandboxd/mountinfo"
 )
 
 // SessionSpec says what container a session gets. Zero fields take the
@@ -1434,37 +1435,13 @@ func hostMountPoints() []string {
 	return mountPointsOf(b)
 }
 
-// mountPointsOf lists the mount points of a mountinfo table. Fields are
-// split at single spaces, the only separator: the kernel escapes space,
-// tab, newline and backslash in a path, but not a no-break space or a
-// carriage return, at which strings.Fields would cut a name short.
-func mountPointsOf(mountinfo []byte) []string {
+// mountPointsOf lists the mount points of a mountinfo table.
+func mountPointsOf(table []byte) []string {
 	var points []string
-	for _, line := range strings.Split(string(mountinfo), "\n") {
-		if f := strings.Split(line, " "); len(f) > 4 {
-			points = append(points, unescapeMountinfo(f[4]))
-		}
+	for _, m := range mountinfo.Parse(table) {
+		points = append(points, m.Point)
 	}
 	return points
-}
-
-// unescapeMountinfo undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, "\\") {
-		return s
-	}
-	var out strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				out.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		out.WriteByte(s[i])
-	}
-	return out.String()
 }
 
 // bindMount mounts source at target, read-only when mode is "ro". Not

@@ -77,23 +77,20 @@ func cmdWrap(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		return 0, err
 	}
 	defer closeManager(m, log)
-	spinners := min(runtime.NumCPU(), 2)
-	spin, err := idlespin.New(spinners, busyPoll)
-	if err != nil {
+	spin, err := idlespin.New(min(runtime.NumCPU(), 2), busyPoll)
+	switch {
+	case errors.Is(err, idlespin.ErrCPUQuota):
 		log.Info(err.Error())
+	case err != nil:
+		log.Warn(err.Error())
 	}
 	defer spin.Close()
 	// The relay's two readers spend their idle time blocked in read(2),
 	// each holding a P. With no P left idle the runtime takes theirs away,
 	// and every message then wakes a second thread on its way back from
 	// the read; two spare Ps keep that path short (measured: 1.5x direct
-	// latency down to 1.4x). A busy-polling thread holds one more while
-	// it spins.
-	spare := 2
-	if spin != nil {
-		spare += spinners
-	}
-	runtime.GOMAXPROCS(runtime.GOMAXPROCS(0) + spare)
+	// latency down to 1.4x).
+	runtime.GOMAXPROCS(runtime.GOMAXPROCS(0) + 2)
 	agent := acp.Agent{Argv: argv, Stderr: stderr, Grace: *grace}
 	if wd, err := os.Getwd(); err == nil {
 		agent.Dir = wd

@@ -1,0 +1,137 @@
+package idlespin
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// parentCheck is how often a waiting thread of the helper looks whether
+// its parent is still there (should the kernel's death signal miss: it
+// follows the thread that started the helper, not the process).
+const parentCheck = 10 * time.Second
+
+// RunHelper is the helper process, started by New: args are the number of
+// threads, the window and the parent's pid; the shared page is fd 3. It
+// returns an exit code when it cannot start, else runs until killed.
+func RunHelper(args []string) int {
+	// Named for ps and top, which show it spinning.
+	name := []byte("sandboxd-spin\x00")
+	unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(&name[0])), 0, 0, 0)
+	if err := runHelper(args); err != nil {
+		fmt.Println(err)
+		return 1
+	}
+	fmt.Println("ready")
+	select {} // the threads do the work until the parent ends this process
+}
+
+// runHelper starts the spinning threads.
+func runHelper(args []string) error {
+	if len(args) != 3 {
+		return errors.New("helper: want threads, window and parent pid")
+	}
+	n, err := strconv.Atoi(args[0])
+	if err != nil || n <= 0 || n > runtime.NumCPU() {
+		return fmt.Errorf("helper: bad thread count %q", args[0])
+	}
+	window, err := time.ParseDuration(args[1])
+	if err != nil || window <= 0 {
+		return fmt.Errorf("helper: bad window %q", args[1])
+	}
+	parent, err := strconv.Atoi(args[2])
+	if err != nil || os.Getppid() != parent {
+		// Started by another, or its parent is gone already.
+		return fmt.Errorf("helper: parent %q is not this process's", args[2])
+	}
+	mem, err := mapPage(os.NewFile(3, "idlespin"))
+	if err != nil {
+		return fmt.Errorf("helper: map the shared page: %w", err)
+	}
+	shared := (*page)(unsafe.Pointer(&mem[0]))
+	var cpus unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &cpus); err != nil {
+		return fmt.Errorf("helper: %w", err)
+	}
+	allowed := []int{}
+	for cpu := range 1024 {
+		if cpus.IsSet(cpu) {
+			allowed = append(allowed, cpu)
+		}
+	}
+	started := make(chan error, n)
+	for i := range n {
+		// With a thread for each CPU, each keeps its own: unpinned, two
+		// could share one and leave the other to sleep.
+		pin := -1
+		if n == len(allowed) {
+			pin = allowed[i]
+		}
+		go spin(shared, window, parent, pin, started)
+	}
+	for range n {
+		if err := <-started; err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// spin is one spinning thread: it waits for a Touch, then spins until no
+// Touch came for window.
+func spin(shared *page, window time.Duration, parent, pin int, started chan<- error) {
+	// Never unlocked: the thread, whose class is changed, ends with the
+	// process.
+	runtime.LockOSThread()
+	if pin >= 0 {
+		var set unix.CPUSet
+		set.Set(pin)
+		if err := unix.SchedSetaffinity(0, &set); err != nil {
+			started <- fmt.Errorf("pin a thread to CPU %d: %w", pin, err)
+			return
+		}
+	}
+	if err := unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0); err != nil {
+		// Spinning in the normal class would take CPU from real work
+		// (a seccomp profile may refuse the call).
+		started <- fmt.Errorf("set SCHED_IDLE: %w", err)
+		return
+	}
+	started <- nil
+	timeout := unix.NsecToTimespec(int64(parentCheck))
+	// The page starts zeroed: seq is 0 until the first Touch, which may
+	// come before this thread gets here.
+	var seen uint32
+	for {
+		if shared.seq.Load() == seen {
+			shared.sleepers.Add(1)
+			// Returns at once if a Touch came since the check.
+			futex(&shared.seq, futexWait, seen, &timeout)
+			shared.sleepers.Add(-1)
+			if os.Getppid() != parent {
+				os.Exit(0)
+			}
+			if shared.seq.Load() == seen {
+				continue // timed out, or woken for nothing
+			}
+		}
+		shared.rounds.Add(1)
+		shared.spinning.Add(1)
+		last, at := shared.seq.Load(), time.Now()
+		for {
+			if cur := shared.seq.Load(); cur != last {
+				last, at = cur, time.Now()
+			} else if time.Since(at) >= window {
+				break
+			}
+		}
+		seen = last
+		shared.spinning.Add(-1)
+	}
+}
