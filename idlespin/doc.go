@@ -9,9 +9,11 @@
 // own work. A thread that spins at SCHED_IDLE keeps its CPU awake: the
 // scheduler still counts that CPU as idle, places woken tasks on it and
 // lets them preempt the spinner at once, so the spinner takes no CPU
-// time another task of the machine wants. It spins only for a fixed
-// window after the last message, and not at all where the process's
-// cgroup has a CPU quota, which its spinning would use up.
+// time another task of this kernel wants (a hyperthread sibling, or
+// another guest of the host, it still competes with). It spins only for
+// a fixed window after the last message, and not at all where the
+// process's cgroup has a CPU quota, which its spinning would use up, or
+// where that cannot be told.
 //
 // The spinning threads live in a helper process of their own (the same
 // executable, started with HelperCommand): a thread of the relay's own

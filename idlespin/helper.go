@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"time"
 	"unsafe"
@@ -17,6 +18,9 @@ import (
 // follows the thread that started the helper, not the process).
 const parentCheck = 10 * time.Second
 
+// maxThreads bounds the helper's threads.
+const maxThreads = 64
+
 // RunHelper is the helper process, started by New: args are the number of
 // threads, the window and the parent's pid; the shared page is fd 3. It
 // returns an exit code when it cannot start, else runs until killed.
@@ -24,6 +28,8 @@ func RunHelper(args []string) int {
 	// Named for ps and top, which show it spinning.
 	name := []byte("sandboxd-spin\x00")
 	unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(&name[0])), 0, 0, 0)
+	// It allocates nothing once started: no collection need ever run.
+	debug.SetGCPercent(-1)
 	if err := runHelper(args); err != nil {
 		fmt.Println(err)
 		return 1
@@ -38,7 +44,7 @@ func runHelper(args []string) error {
 		return errors.New("helper: want threads, window and parent pid")
 	}
 	n, err := strconv.Atoi(args[0])
-	if err != nil || n <= 0 || n > runtime.NumCPU() {
+	if err != nil || n <= 0 || n > maxThreads {
 		return fmt.Errorf("helper: bad thread count %q", args[0])
 	}
 	window, err := time.ParseDuration(args[1])
@@ -50,22 +56,28 @@ func runHelper(args []string) error {
 		// Started by another, or its parent is gone already.
 		return fmt.Errorf("helper: parent %q is not this process's", args[2])
 	}
-	mem, err := mapPage(os.NewFile(3, "idlespin"))
+	// Only the page New made: sealed, which a file given in its place is
+	// not, and which this process then does not write to.
+	f := os.NewFile(3, "idlespin")
+	if got, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0); err != nil || got != seals {
+		return fmt.Errorf("helper: fd 3 is not the shared page (seals %#x, %v)", got, err)
+	}
+	mem, err := mapPage(f)
 	if err != nil {
-		return fmt.Errorf("helper: map the shared page: %w", err)
+		return fmt.Errorf("helper: %w", err)
 	}
 	shared := (*page)(unsafe.Pointer(&mem[0]))
 	var cpus unix.CPUSet
 	if err := unix.SchedGetaffinity(0, &cpus); err != nil {
-		return fmt.Errorf("helper: %w", err)
+		return fmt.Errorf("helper: sched_getaffinity: %w", err)
 	}
-	allowed := []int{}
-	for cpu := range 1024 {
+	var allowed []int
+	for cpu := range len(cpus) * 64 {
 		if cpus.IsSet(cpu) {
 			allowed = append(allowed, cpu)
 		}
 	}
-	started := make(chan error, n)
+	started := make(chan started, n)
 	for i := range n {
 		// With a thread for each CPU, each keeps its own: unpinned, two
 		// could share one and leave the other to sleep.
@@ -76,16 +88,31 @@ func runHelper(args []string) error {
 		go spin(shared, window, parent, pin, started)
 	}
 	for range n {
-		if err := <-started; err != nil {
-			return err
+		st := <-started
+		if st.err != nil {
+			return st.err
+		}
+		// Set here, at this thread's priority: at SCHED_IDLE, a thread
+		// on a busy CPU could take long to get to say it is ready. It
+		// waits for a Touch, which comes only once New has returned.
+		if err := unix.SchedSetAttr(st.tid, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0); err != nil {
+			// Spinning in the normal class would take CPU from real
+			// work (a seccomp profile may refuse the call).
+			return fmt.Errorf("helper: set SCHED_IDLE: %w", err)
 		}
 	}
 	return nil
 }
 
+// started is what a spinning thread says when it is about to wait.
+type started struct {
+	tid int
+	err error
+}
+
 // spin is one spinning thread: it waits for a Touch, then spins until no
 // Touch came for window.
-func spin(shared *page, window time.Duration, parent, pin int, started chan<- error) {
+func spin(shared *page, window time.Duration, parent, pin int, said chan<- started) {
 	// Never unlocked: the thread, whose class is changed, ends with the
 	// process.
 	runtime.LockOSThread()
@@ -93,17 +120,11 @@ func spin(shared *page, window time.Duration, parent, pin int, started chan<- er
 		var set unix.CPUSet
 		set.Set(pin)
 		if err := unix.SchedSetaffinity(0, &set); err != nil {
-			started <- fmt.Errorf("pin a thread to CPU %d: %w", pin, err)
+			said <- started{err: fmt.Errorf("helper: pin a thread to CPU %d: %w", pin, err)}
 			return
 		}
 	}
-	if err := unix.SchedSetAttr(0, &unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_IDLE}, 0); err != nil {
-		// Spinning in the normal class would take CPU from real work
-		// (a seccomp profile may refuse the call).
-		started <- fmt.Errorf("set SCHED_IDLE: %w", err)
-		return
-	}
-	started <- nil
+	said <- started{tid: unix.Gettid()}
 	timeout := unix.NsecToTimespec(int64(parentCheck))
 	// The page starts zeroed: seq is 0 until the first Touch, which may
 	// come before this thread gets here.
@@ -121,8 +142,8 @@ func spin(shared *page, window time.Duration, parent, pin int, started chan<- er
 				continue // timed out, or woken for nothing
 			}
 		}
-		shared.rounds.Add(1)
 		shared.spinning.Add(1)
+		shared.rounds.Add(1)
 		last, at := shared.seq.Load(), time.Now()
 		for {
 			if cur := shared.seq.Load(); cur != last {

@@ -1,8 +1,13 @@
 package idlespin
 
 import (
+	"bytes"
+	"io"
+	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -82,20 +87,37 @@ func TestCPUQuota(t *testing.T) {
 			"proc/self/cgroup":    file("5:cpuset:/x\n"),
 			"proc/self/mountinfo": file("34 31 0:31 / /sys/fs/cgroup/cpuset rw - cgroup cgroup rw,cpuset\n"),
 		}},
+		// The cpu controller is on v1: a cpu.max of the unified hierarchy
+		// (which a hybrid host has none of) is not read.
 		{name: "hybrid", fs: fstest.MapFS{
 			"proc/self/cgroup":                           file("4:cpu,cpuacct:/\n0::/u\n"),
 			"proc/self/mountinfo":                        file(v1cpu + hybrid),
 			"sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us": file("-1\n"),
 			"sys/fs/cgroup/unified/u/cpu.max":            file("10000 100000\n"),
-		}, want: "/u"},
+		}},
+		{name: "hybrid container without the unified hierarchy", fs: fstest.MapFS{
+			"proc/self/cgroup":                           file("4:cpu,cpuacct:/docker/abc\n0::/docker/abc\n"),
+			"proc/self/mountinfo":                        file(v1docker),
+			"sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us": file("-1\n"),
+		}},
+		{name: "v2 only: the unified line counts", fs: fstest.MapFS{
+			"proc/self/cgroup":        file("1:name=systemd:/x\n0::/x\n"),
+			"proc/self/mountinfo":     file(v2),
+			"sys/fs/cgroup/x/cpu.max": file("5000 100000\n"),
+		}, want: "/x"},
+		{name: "two mounts, the one holding the cgroup", fs: fstest.MapFS{
+			"proc/self/cgroup":          file("0::/a/b\n"),
+			"proc/self/mountinfo":       file(v2 + "50 23 0:26 /c /mnt/c rw - cgroup2 cgroup2 rw\n"),
+			"sys/fs/cgroup/a/b/cpu.max": file("5000 100000\n"),
+		}, want: "/a/b"},
 		{name: "outside the namespace root", fs: fstest.MapFS{
 			"proc/self/cgroup":    file("0::/../../etc\n"),
 			"proc/self/mountinfo": file(v2),
-		}, wantErr: "outside /"},
+		}, wantErr: "outside every mount"},
 		{name: "outside the mount's root", fs: fstest.MapFS{
 			"proc/self/cgroup":    file("4:cpu,cpuacct:/other\n"),
 			"proc/self/mountinfo": file(v1docker),
-		}, wantErr: "outside /docker/abc"},
+		}, wantErr: "outside every mount"},
 		{name: "hierarchy not mounted", fs: fstest.MapFS{
 			"proc/self/cgroup":    file("0::/x\n"),
 			"proc/self/mountinfo": file(v1cpu),
@@ -131,7 +153,7 @@ func newSpinner(t *testing.T, n int, window time.Duration) *Spinner {
 	if quota, err := cpuQuota(os.DirFS("/")); err != nil || quota != "" {
 		t.Skipf("no busy polling here: quota %q, %v", quota, err)
 	}
-	s, err := New(n, window)
+	s, err := New(n, window, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,9 +206,10 @@ func threadPolicies(t *testing.T, pid int) map[string]int {
 }
 
 func TestCloseEndsTheHelper(t *testing.T) {
-	s := newSpinner(t, 2, time.Hour)
+	n := min(runtime.NumCPU(), 2)
+	s := newSpinner(t, n, time.Hour)
 	s.Touch()
-	poll(t, "both threads spin", func() bool { return s.shared.spinning.Load() == 2 })
+	poll(t, "the threads spin", func() bool { return s.shared.spinning.Load() == int32(n) })
 	s.Close()
 	if s.helper.ProcessState == nil {
 		t.Fatal("helper not waited for")
@@ -199,6 +222,7 @@ func TestRunHelperRefusesBadArguments(t *testing.T) {
 	for _, args := range [][]string{
 		nil,
 		{"0", "1ms", strconv.Itoa(os.Getppid())},
+		{"65", "1ms", strconv.Itoa(os.Getppid())},
 		{"1", "0s", strconv.Itoa(os.Getppid())},
 		{"1", "1ms", "1"}, // not this process's parent
 		{"x", "1ms", strconv.Itoa(os.Getppid())},
@@ -206,6 +230,53 @@ func TestRunHelperRefusesBadArguments(t *testing.T) {
 		if err := runHelper(args); err == nil {
 			t.Errorf("runHelper(%q): no error", args)
 		}
+	}
+}
+
+// TestHelperThatDiesIsNoticed: a helper killed by another is logged, and
+// Touch no longer wakes anybody.
+func TestHelperThatDiesIsNoticed(t *testing.T) {
+	if quota, err := cpuQuota(os.DirFS("/")); err != nil || quota != "" {
+		t.Skipf("no busy polling here: quota %q, %v", quota, err)
+	}
+	var logs bytes.Buffer
+	s, err := New(1, time.Millisecond, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	poll(t, "the thread waits", func() bool { return s.shared.sleepers.Load() == 1 })
+	s.helper.Process.Kill() // the OOM killer, say
+	<-s.exited
+	if !strings.Contains(logs.String(), "busy polling stopped: its helper ended") {
+		t.Errorf("log: %q", logs.String())
+	}
+	seq := s.shared.seq.Load()
+	s.Touch()
+	if s.shared.seq.Load() != seq {
+		t.Error("Touch after the helper died still touched the page")
+	}
+}
+
+// TestHelperTakesOnlyTheSharedPage: a file given as fd 3 in its place is
+// neither changed nor taken.
+func TestHelperTakesOnlyTheSharedPage(t *testing.T) {
+	f, err := os.CreateTemp(t.TempDir(), "page")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString("precious"); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("/proc/self/exe", HelperCommand, "1", "1ms", strconv.Itoa(os.Getpid()))
+	cmd.ExtraFiles = []*os.File{f}
+	out, err := cmd.Output()
+	if err == nil || !strings.Contains(string(out), "fd 3 is not the shared page") {
+		t.Errorf("helper with a file as fd 3: %v, %q", err, out)
+	}
+	if b, err := os.ReadFile(f.Name()); err != nil || string(b) != "precious" {
+		t.Errorf("the file holds %q (%v)", b, err)
 	}
 }
 
@@ -217,7 +288,7 @@ func TestNilAndOff(t *testing.T) {
 		n      int
 		window time.Duration
 	}{{0, time.Millisecond}, {2, 0}, {-1, -1}} {
-		if s, err := New(c.n, c.window); s != nil || err != nil {
+		if s, err := New(c.n, c.window, nil); s != nil || err != nil {
 			t.Errorf("New(%d, %s) = %v, %v; want nil, nil", c.n, c.window, s, err)
 		}
 	}

@@ -1,6 +1,7 @@
 package idlespin
 
 import (
+	"errors"
 	"fmt"
 	"io/fs"
 	"path"
@@ -26,30 +27,36 @@ func cpuQuota(fsys fs.FS) (string, error) {
 		return "", err
 	}
 	mounts := mountinfo.Parse(table)
+	var lines [][]string
+	cpuOnV1 := false
 	for _, line := range strings.Split(strings.TrimSpace(string(cgroups)), "\n") {
 		// hierarchy-id:controllers:path
-		parts := strings.SplitN(line, ":", 3)
-		if len(parts) != 3 {
-			continue
+		if parts := strings.SplitN(line, ":", 3); len(parts) == 3 {
+			lines = append(lines, parts)
+			cpuOnV1 = cpuOnV1 || parts[0] != "0" && slices.Contains(strings.Split(parts[1], ","), "cpu")
 		}
+	}
+	for _, parts := range lines {
 		var file string
-		var m *mountinfo.Mount
+		var match func(mountinfo.Mount) bool
 		switch {
 		case parts[0] == "0" && parts[1] == "":
-			file, m = "cpu.max", findMount(mounts, func(m mountinfo.Mount) bool { return m.FSType == "cgroup2" })
+			if cpuOnV1 {
+				// The cpu controller is on one hierarchy only; the
+				// unified one may not even be mounted here.
+				continue
+			}
+			file, match = "cpu.max", func(m mountinfo.Mount) bool { return m.FSType == "cgroup2" }
 		case slices.Contains(strings.Split(parts[1], ","), "cpu"):
-			file, m = "cpu.cfs_quota_us", findMount(mounts, func(m mountinfo.Mount) bool {
+			file, match = "cpu.cfs_quota_us", func(m mountinfo.Mount) bool {
 				return m.FSType == "cgroup" && slices.Contains(strings.Split(m.Options, ","), "cpu")
-			})
+			}
 		default:
 			continue
 		}
-		if m == nil {
-			return "", fmt.Errorf("cannot tell whether cgroup %s has a CPU quota: its hierarchy is not mounted", parts[2])
-		}
-		rel, ok := within(parts[2], m.Root)
-		if !ok {
-			return "", fmt.Errorf("cannot tell whether cgroup %s has a CPU quota: it is outside %s, mounted at %s", parts[2], m.Root, m.Point)
+		m, rel, err := mountOf(mounts, match, parts[2])
+		if err != nil {
+			return "", fmt.Errorf("cannot tell whether cgroup %s has a CPU quota: %w", parts[2], err)
 		}
 		for dir := rel; ; dir = path.Dir(dir) {
 			// The root of a hierarchy has no cpu.max.
@@ -64,15 +71,24 @@ func cpuQuota(fsys fs.FS) (string, error) {
 	return "", nil
 }
 
-// findMount returns the last mount that matches: a later one covers an
-// earlier one at the same place.
-func findMount(mounts []mountinfo.Mount, match func(mountinfo.Mount) bool) *mountinfo.Mount {
+// mountOf returns the mount of a hierarchy (those match takes) that holds
+// cgroup, the last one listed where several do (a later mount covers an
+// earlier one), and the cgroup's path within it.
+func mountOf(mounts []mountinfo.Mount, match func(mountinfo.Mount) bool, cgroup string) (mountinfo.Mount, string, error) {
+	found := false
 	for i := len(mounts) - 1; i >= 0; i-- {
-		if match(mounts[i]) {
-			return &mounts[i]
+		if !match(mounts[i]) {
+			continue
+		}
+		found = true
+		if rel, ok := within(cgroup, mounts[i].Root); ok {
+			return mounts[i], rel, nil
 		}
 	}
-	return nil
+	if !found {
+		return mountinfo.Mount{}, "", errors.New("its hierarchy is not mounted")
+	}
+	return mountinfo.Mount{}, "", errors.New("it is outside every mount of its hierarchy")
 }
 
 // within returns p relative to root, as an absolute path, if p is root or

@@ -297,32 +297,34 @@ func TestWrapBusyPolls(t *testing.T) {
 	ws := workspace(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	relay := func(w *wrapped) {
-		sid := w.newSession(t, ctx, ws)
-		for range 200 {
+	relay := func(w *wrapped, sid acpsdk.SessionId) {
+		for range 100 {
 			if _, err := w.conn.SetSessionMode(ctx, acpsdk.SetSessionModeRequest{SessionId: sid, ModeId: "default"}); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
 	w := startWrap(t, ws, acpsdk.ClientCapabilities{})
+	sid := w.newSession(t, ctx, ws)
 	helpers := spinHelpers(t, w.cmd.Process.Pid)
-	if strings.Contains(w.logs.String(), "busy polling: off under the CPU quota") {
-		// Its cgroup has a quota, which spinning would use up.
+	if logs := w.logs.String(); strings.Contains(logs, "busy polling: off under the CPU quota") || strings.Contains(logs, "busy polling: cannot tell whether") {
+		// Its cgroup has a quota, which spinning would use up, or this
+		// machine's cgroups do not show.
+		t.Logf("no busy polling on this machine: %s", logs)
 		if len(helpers) != 0 {
-			t.Errorf("busy-polling helper %v under a CPU quota", helpers)
+			t.Errorf("busy-polling helper %v without busy polling", helpers)
 		}
 	} else {
 		if len(helpers) != 1 {
 			t.Fatalf("busy-polling helpers %v, want one; log:\n%s", helpers, w.logs.String())
 		}
+		// It spins while wrap relays: at SCHED_IDLE, as long as the
+		// machine has CPU time nobody else wants.
 		before := procCPU(t, helpers[0])
-		relay(w)
-		// It spun while wrap relayed: 200 round trips, each followed by
-		// a window of 200us at least, on more than one CPU.
-		if spun := procCPU(t, helpers[0]) - before; spun < 20*time.Millisecond {
-			t.Errorf("the helper used %s of CPU while wrap relayed, want 20ms or more", spun)
-		}
+		eventually(t, "the helper spins while wrap relays", time.Minute, func() bool {
+			relay(w, sid)
+			return procCPU(t, helpers[0]) > before
+		})
 	}
 	w.stop(t)
 	for _, pid := range helpers {
@@ -336,7 +338,7 @@ func TestWrapBusyPolls(t *testing.T) {
 		t.Fatal(err)
 	}
 	w = startWrapWith(t, ws, acpsdk.ClientCapabilities{}, false, "--config", off)
-	relay(w)
+	relay(w, w.newSession(t, ctx, ws))
 	if got := spinHelpers(t, w.cmd.Process.Pid); len(got) != 0 {
 		t.Errorf("busy_poll = \"0s\": busy-polling helper %v", got)
 	}
