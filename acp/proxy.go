@@ -56,7 +56,7 @@ type Proxy struct {
 	agent  *LineStream // reads the agent's messages, writes to the agent
 	log    *slog.Logger
 	ctx    context.Context // set by Run; background work ends with it
-	// spin keeps CPUs awake for the next message after each one read.
+	// spin keeps CPUs awake for the next message after each one relayed.
 	spin *idlespin.Spinner
 
 	// updates is held while a session/update that shows terminals is
@@ -284,8 +284,11 @@ func mayConcernProxy(line []byte) bool {
 // the stream it returns closed.
 func (p *Proxy) next(s *LineStream, side string, closed error) ([]byte, error) {
 	for {
-		line, err := s.readRaw()
+		// Here, once the last message went on: its answer is what the
+		// CPUs are kept awake for, and waking the spinners costs no
+		// message it passes on.
 		p.spin.Touch()
+		line, err := s.readRaw()
 		if errors.Is(err, errTooLong) {
 			p.log.Warn("dropped an over-long message from the " + side)
 			p.answerTooLong(s, err)
