@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -252,4 +253,60 @@ func TestHostNetworkByAnotherName(t *testing.T) {
 		t.Errorf("exit %d, output %q; want 125 naming %s:2: session.network and the host network", r.code, r.output(), cfg)
 	}
 	assertNoContainers(t, r.pid)
+}
+
+// TestRunMountsWhatFlagsGrant: -v grants a host path read-only or
+// read-write, --read-only makes the workspace read-only, and a -v the
+// configuration's mounts would not allow is refused, naming the flag,
+// before anything runs.
+func TestRunMountsWhatFlagsGrant(t *testing.T) {
+	ws, data := workspace(t), workspace(t)
+	writeFile(t, filepath.Join(data, "f"), "hi\n")
+	rel, err := filepath.Rel(ws, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(ws, "link")
+	if err := os.Symlink(data, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Lchown(link, 1000, 1000); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name   string
+		args   []string
+		code   int
+		want   string
+		wrote  string // a file the command made on the host
+		refuse string // a file it must not have made
+	}{
+		{"read-only", []string{"-v", data + ":/data:ro", "--", "sh", "-c", "cat /data/f; touch /data/x"}, 1, "hi\n", "", filepath.Join(data, "x")},
+		{"read-write, relative", []string{"-v", rel + ":/data", "--", "touch", "/data/y"}, 0, "", filepath.Join(data, "y"), ""},
+		{"workspace read-only", []string{"--read-only", "--", "touch", "z"}, 1, "Read-only file system", "", filepath.Join(ws, "z")},
+		{"host directory", []string{"-v", "/proc:/p", "--", "touch", "ran"}, 2, `-v /proc:/p: source "/proc" is or holds the host's /proc`, "", filepath.Join(ws, "ran")},
+		{"a user's link", []string{"-v", link + ":/data", "--", "touch", "ran"}, 2, "-v " + link + ":/data: source " + strconv.Quote(link) + " passes the link", "", filepath.Join(ws, "ran")},
+		{"missing source", []string{"-v", "/nonexistent:/data", "--", "touch", "ran"}, 2, `source "/nonexistent": no such file or directory`, "", filepath.Join(ws, "ran")},
+		{"a scratch path", []string{"-v", data + ":/tmp", "--", "touch", "ran"}, 2, `target "/tmp" is also a scratch path`, "", filepath.Join(ws, "ran")},
+		{"bad mode", []string{"-v", data + ":/data:rx", "--", "touch", "ran"}, 2, `mode "rx" is not ro or rw`, "", filepath.Join(ws, "ran")},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := runSandboxd(t, ws, nil, nil, append([]string{"run", "--config", testEnv.config}, tc.args...)...)
+			if r.code != tc.code || !strings.Contains(r.output(), tc.want) {
+				t.Errorf("exit %d, output %q; want %d and %q", r.code, r.output(), tc.code, tc.want)
+			}
+			if tc.wrote != "" {
+				if _, err := os.Stat(tc.wrote); err != nil {
+					t.Errorf("the command did not write %s: %v", tc.wrote, err)
+				}
+			}
+			if tc.refuse != "" {
+				if _, err := os.Stat(tc.refuse); err == nil {
+					t.Errorf("%s was written", tc.refuse)
+				}
+			}
+			assertNoContainers(t, r.pid)
+		})
+	}
 }

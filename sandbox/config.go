@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
@@ -93,6 +94,33 @@ type Mount struct {
 	Source string `toml:"source"`
 	Target string `toml:"target"`
 	Mode   string `toml:"mode"`
+	// Origin names what granted it when not the configuration (a flag,
+	// "-v SRC:DST"): errors about it name that.
+	Origin string `toml:"-"`
+}
+
+// AddMount grants m to every session, as session.mounts does, once it is
+// checked as a mount of the configuration is at start: its target against
+// the other mounts and the scratch paths, and its source, which must
+// exist, against what no sandbox may see. engineSocket is the path of the
+// engine's socket ("" for none). Its errors are reasons, without m.Origin.
+func (c *Config) AddMount(m Mount, engineSocket string) error {
+	mounts := append(slices.Clip(c.Session.Mounts), m)
+	if err := validateMounts(mounts, c.Session.Scratch); err != nil {
+		return err
+	}
+	real, err := filepath.EvalSymlinks(m.Source)
+	if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+		err = pe.Err // the path is said once
+	}
+	if err != nil {
+		return fmt.Errorf("source %q: %w", m.Source, err)
+	}
+	if err := checkGrant(m.Source, real, engineSocket, c.Private); err != nil {
+		return errors.New(strings.TrimPrefix(Reason(err), "session.mounts: "))
+	}
+	c.Session.Mounts = mounts
+	return nil
 }
 
 // TerminalConfig holds per-terminal settings.

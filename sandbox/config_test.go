@@ -1073,3 +1073,48 @@ func TestKeeperUser(t *testing.T) {
 		}
 	}
 }
+
+func TestAddMount(t *testing.T) {
+	cfg, err := LoadConfig(sandboxd.DefaultConfig, "", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	granted := []Mount{{Source: dir, Target: "/opt/x", Mode: "ro"}}
+	cfg.Session.Mounts = granted
+	tests := []struct {
+		name string
+		m    Mount
+		want string // in the error; "" for none
+	}{
+		{"ok", Mount{Source: dir, Target: "/data", Mode: "rw", Origin: "-v"}, ""},
+		{"same target as the configuration's", Mount{Source: dir, Target: "/opt/x/", Mode: "rw"}, `targets "/opt/x" and "/opt/x/" are the same path`},
+		{"missing source", Mount{Source: filepath.Join(dir, "nope"), Target: "/data", Mode: "rw"}, "nope\": no such file or directory"},
+		{"host directory", Mount{Source: "/sys", Target: "/data", Mode: "ro"}, `source "/sys" is or holds the host's /sys`},
+		{"relative target", Mount{Source: dir, Target: "data", Mode: "ro"}, "must be an absolute path"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := cfg
+			err := c.AddMount(tc.m, "")
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatal(err)
+			case tc.want == "":
+				if len(c.Session.Mounts) != 2 || c.Session.Mounts[1] != tc.m {
+					t.Errorf("mounts %+v, want the configuration's and %+v", c.Session.Mounts, tc.m)
+				}
+			case err == nil || !strings.Contains(err.Error(), tc.want):
+				t.Errorf("AddMount: %v, want %q", err, tc.want)
+			case len(c.Session.Mounts) != 1:
+				t.Errorf("a refused mount was added: %+v", c.Session.Mounts)
+			}
+			if strings.HasPrefix(fmt.Sprint(err), "session.mounts") {
+				t.Errorf("error %q names the setting, not what granted the mount", err)
+			}
+		})
+	}
+	if len(granted) != 1 || len(cfg.Session.Mounts) != 1 {
+		t.Errorf("the configuration's mounts changed: %+v", cfg.Session.Mounts)
+	}
+}

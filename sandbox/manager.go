@@ -99,7 +99,7 @@ func (m *Manager) releaseOutput(n int) {
 // NewManager connects sandboxd to the engine: it takes an instance lock,
 // removes what dead instances left behind, and reads the engine's CPU count.
 func NewManager(ctx context.Context, cli *client.Client, cfg Config, log *slog.Logger) (*Manager, error) {
-	if err := cfg.checkSources(engineSocketOf(cli)); err != nil {
+	if err := cfg.checkSources(EngineSocket(cli)); err != nil {
 		return nil, err
 	}
 	info, err := cli.Info(ctx, client.InfoOptions{})
@@ -241,9 +241,11 @@ func tiniInit(binary string) bool {
 
 // engineSocket is the path of the engine's unix socket, or "" when the
 // engine is reached otherwise.
-func (m *Manager) engineSocket() string { return engineSocketOf(m.cli) }
+func (m *Manager) engineSocket() string { return EngineSocket(m.cli) }
 
-func engineSocketOf(cli *client.Client) string {
+// EngineSocket returns the path of the unix socket cli reaches the engine
+// through, or "" when it reaches it otherwise: no sandbox may see it.
+func EngineSocket(cli *client.Client) string {
 	if h, ok := strings.CutPrefix(cli.DaemonHost(), "unix://"); ok {
 		return h
 	}

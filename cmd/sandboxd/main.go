@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"strings"
@@ -34,7 +35,7 @@ const usage = `sandboxd runs AI agents' shell commands in hardened per-session c
 Usage:
   sandboxd wrap [--config FILE] [--cpus N] [--memory SIZE] [--pids N] [--network NAME] [--image REF] [--agent-grace D] [--ahp-listen ADDR] [flags] -- AGENT [ARGS...]
   sandboxd serve [--listen stdio|unix:PATH] [--config FILE] [--ahp-listen ADDR] [flags]
-  sandboxd run [-i] [-t] [-e NAME=VALUE] [-w DIR] [--cpus N] [--memory SIZE] [--pids N] [--network NAME] [--image REF] [--config FILE] [flags] -- CMD [ARGS...]
+  sandboxd run [-i] [-t] [-e NAME=VALUE] [-w DIR] [-v SRC:DST[:ro]] [--read-only] [--cpus N] [--memory SIZE] [--pids N] [--network NAME] [--image REF] [--config FILE] [flags] -- CMD [ARGS...]
   sandboxd image build [--ref REF]
   sandboxd gc [--all]
   sandboxd config
@@ -437,11 +438,13 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	c.register(fs, "warn")
 	var sf sessionFlags
 	sf.register(fs)
-	var interactive, tty, both bool
-	var env stringList
+	var interactive, tty, both, readOnly bool
+	var env, volumes stringList
 	var workdir nonEmpty
 	fs.Var(&env, "e", "set `NAME=VALUE` in the command's environment (NAME alone: its value here, if set; repeatable)")
 	fs.Var(&workdir, "w", "run in `dir`, at or below the workspace (default: the workspace)")
+	fs.Var(&volumes, "v", "mount a host path as `SRC:DST[:ro|rw]` (read-write unless :ro; repeatable)")
+	fs.BoolVar(&readOnly, "read-only", false, "mount the workspace read-only")
 	fs.BoolVar(&interactive, "i", false, "pass stdin to the command")
 	fs.BoolVar(&tty, "t", false, "run the command on a terminal of the size of yours")
 	fs.BoolVar(&both, "it", false, "-i and -t: an interactive shell, say")
@@ -481,6 +484,10 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 			return 0, usageError{fmt.Errorf("-w: %w", err)}
 		}
 	}
+	mounts, err := volumeFlags(volumes, wd)
+	if err != nil {
+		return 0, err
+	}
 	log, closeLog, err := c.logger(stderr)
 	if err != nil {
 		return 0, err
@@ -491,6 +498,20 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		// says: that is the one checked at start (as the directory
 		// sandboxd runs in, no setting of the file).
 		cfg.Session.Workspace = ""
+		if readOnly {
+			cfg.Session.WorkspaceMode = "ro"
+		}
+		if len(mounts) > 0 {
+			cli, err := engineClient()
+			if err != nil {
+				return err
+			}
+			for _, mt := range mounts {
+				if err := cfg.AddMount(mt, sandbox.EngineSocket(cli)); err != nil {
+					return usageError{fmt.Errorf("%s: %w", mt.Origin, err)}
+				}
+			}
+		}
 		if _, err := sandbox.ValidateSpec(*cfg, runtime.NumCPU(), spec); err != nil {
 			return overrideError(err)
 		}
@@ -576,6 +597,31 @@ func cmdImage(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 // setting's name ("cpus 3 is too many"), which is the flag's.
 func overrideError(err error) error {
 	return usageError{errors.New("--" + sandbox.Reason(err))}
+}
+
+// volumeFlags reads run's -v values, SRC:DST[:ro|rw] as docker run takes
+// them; a relative SRC is taken from dir. Paths with a colon cannot be
+// given this way (session.mounts takes them).
+func volumeFlags(values []string, dir string) ([]sandbox.Mount, error) {
+	var mounts []sandbox.Mount
+	for _, v := range values {
+		parts := strings.Split(v, ":")
+		if len(parts) < 2 || len(parts) > 3 || parts[0] == "" || parts[1] == "" {
+			return nil, usageError{fmt.Errorf("-v %.200q: want SRC:DST or SRC:DST:ro (a path with a colon in it only in session.mounts)", v)}
+		}
+		m := sandbox.Mount{Source: parts[0], Target: parts[1], Mode: "rw", Origin: fmt.Sprintf("-v %.200s", v)}
+		if len(parts) == 3 {
+			if parts[2] != "ro" && parts[2] != "rw" {
+				return nil, usageError{fmt.Errorf("-v %.200q: mode %.50q is not ro or rw", v, parts[2])}
+			}
+			m.Mode = parts[2]
+		}
+		if !filepath.IsAbs(m.Source) {
+			m.Source = filepath.Join(dir, m.Source)
+		}
+		mounts = append(mounts, m)
+	}
+	return mounts, nil
 }
 
 // envFlags reads run's -e values as docker run does: NAME=VALUE, or NAME

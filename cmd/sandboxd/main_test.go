@@ -66,6 +66,14 @@ func TestCommandLineErrors(t *testing.T) {
 		{[]string{"serve", "--log", ""}, 2, "invalid value \"\" for flag -log: empty or blank"},
 		{[]string{"run", "-w", "", "--", "true"}, 2, "invalid value \"\" for flag -w: empty or blank"},
 		{[]string{"wrap", "--agent-grace", "-1s", "--", "true"}, 2, "--agent-grace: -1s is negative"},
+		{[]string{"run", "-v", "data", "--", "true"}, 2, "sandboxd run: -v \"data\": want SRC:DST or SRC:DST:ro"},
+		{[]string{"run", "-v", ":/data", "--", "true"}, 2, "-v \":/data\": want SRC:DST"},
+		{[]string{"run", "-v", "/a:/b:c:d", "--", "true"}, 2, "a path with a colon in it only in session.mounts"},
+		{[]string{"run", "-v", "/tmp:/data:rx", "--", "true"}, 2, "-v \"/tmp:/data:rx\": mode \"rx\" is not ro or rw"},
+		{[]string{"run", "-v", "/proc:/p", "--", "true"}, 2, "sandboxd run: -v /proc:/p: source \"/proc\" is or holds the host's /proc"},
+		{[]string{"run", "-v", "/:/host:ro", "--", "true"}, 2, "sandboxd run: -v /:/host:ro: source \"/\" is or holds "},
+		{[]string{"run", "-v", "/tmp:/proc/x", "--", "true"}, 2, "sandboxd run: -v /tmp:/proc/x: target of \"/tmp\""},
+		{[]string{"run", "-v", "/tmp:/d", "-v", "/tmp:/d/", "--", "true"}, 2, "sandboxd run: -v /tmp:/d/: targets \"/d\" and \"/d/\" are the same path"},
 	}
 	t.Setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
 	for _, tc := range tests {
