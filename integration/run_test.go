@@ -284,8 +284,13 @@ func TestRunMountsWhatFlagsGrant(t *testing.T) {
 		{"read-only", []string{"-v", data + ":/data:ro", "--", "sh", "-c", "cat /data/f; touch /data/x"}, 1, "hi\n", "", filepath.Join(data, "x")},
 		{"read-write, relative", []string{"-v", rel + ":/data", "--", "touch", "/data/y"}, 0, "", filepath.Join(data, "y"), ""},
 		{"workspace read-only", []string{"--read-only", "--", "touch", "z"}, 1, "Read-only file system", "", filepath.Join(ws, "z")},
-		{"host directory", []string{"-v", "/proc:/p", "--", "touch", "ran"}, 2, `-v /proc:/p: source "/proc" is or holds the host's /proc`, "", filepath.Join(ws, "ran")},
-		{"a user's link", []string{"-v", link + ":/data", "--", "touch", "ran"}, 2, "-v " + link + ":/data: source " + strconv.Quote(link) + " passes the link", "", filepath.Join(ws, "ran")},
+		{"host directory", []string{"-v", "/proc:/p", "--", "touch", "ran"}, 2, `-v "/proc:/p": source "/proc" is or holds the host's /proc`, "", filepath.Join(ws, "ran")},
+		{"a user's link", []string{"-v", link + ":/data", "--", "touch", "ran"}, 2, "-v " + strconv.Quote(link+":/data") + ": source " + strconv.Quote(link) + " passes the link", "", filepath.Join(ws, "ran")},
+		// Its git metadata, read-only at the workspace's path, would be
+		// writable at the mount's.
+		{"the workspace again", []string{"-v", ".:/src", "--", "touch", "/src/ran"}, 2, "protect_git keeps read-only", "", filepath.Join(ws, "ran")},
+		{"the workspace again, read-only", []string{"-v", ".:/src:ro", "--", "test", "-L", "/src/link"}, 0, "", "", ""},
+		{"over the workspace", []string{"-v", data + ":" + ws, "--", "touch", "ran"}, 2, "is or holds the workspace", "", filepath.Join(ws, "ran")},
 		{"missing source", []string{"-v", "/nonexistent:/data", "--", "touch", "ran"}, 2, `source "/nonexistent": no such file or directory`, "", filepath.Join(ws, "ran")},
 		{"a scratch path", []string{"-v", data + ":/tmp", "--", "touch", "ran"}, 2, `target "/tmp" is also a scratch path`, "", filepath.Join(ws, "ran")},
 		{"bad mode", []string{"-v", data + ":/data:rx", "--", "touch", "ran"}, 2, `mode "rx" is not ro or rw`, "", filepath.Join(ws, "ran")},

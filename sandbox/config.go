@@ -101,23 +101,45 @@ type Mount struct {
 
 // AddMount grants m to every session, as session.mounts does, once it is
 // checked as a mount of the configuration is at start: its target against
-// the other mounts and the scratch paths, and its source, which must
-// exist, against what no sandbox may see. engineSocket is the path of the
-// engine's socket ("" for none). Its errors are reasons, without m.Origin.
+// the other mounts, the scratch paths and the workspace, and its source,
+// which must exist, against what no sandbox may see. A writable source
+// that is, holds or lies in the workspace is refused while protect_git is
+// on: its git metadata, read-only at the workspace's path, would be
+// writable at the mount's. engineSocket is the path of the engine's
+// socket ("" for none). Its errors are reasons, without m.Origin.
 func (c *Config) AddMount(m Mount, engineSocket string) error {
 	mounts := append(slices.Clip(c.Session.Mounts), m)
 	if err := validateMounts(mounts, c.Session.Scratch); err != nil {
 		return err
+	}
+	m.Target = filepath.Clean(m.Target)
+	mounts[len(mounts)-1] = m
+	ws, err := c.ServedWorkspace()
+	if err != nil {
+		return err
+	}
+	realWS, err := filepath.EvalSymlinks(ws)
+	if err != nil {
+		return fmt.Errorf("workspace: %w", err)
+	}
+	// Inside, the workspace is at its own path.
+	for _, w := range []string{ws, realWS} {
+		if Within(m.Target, w) {
+			return fmt.Errorf("target %.200q is or holds the workspace %.200q, which commands see at its own path", m.Target, w)
+		}
 	}
 	real, err := filepath.EvalSymlinks(m.Source)
 	if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
 		err = pe.Err // the path is said once
 	}
 	if err != nil {
-		return fmt.Errorf("source %q: %w", m.Source, err)
+		return fmt.Errorf("source %.200q: %w", m.Source, err)
 	}
 	if err := checkGrant(m.Source, real, engineSocket, c.Private); err != nil {
 		return errors.New(strings.TrimPrefix(Reason(err), "session.mounts: "))
+	}
+	if c.Session.guardsGit() && m.Mode != "ro" && (Within(real, realWS) || Within(realWS, real)) {
+		return fmt.Errorf("source %.200q is, holds or lies in the workspace, whose git metadata protect_git keeps read-only there and a writable mount would not: add :ro, or use the workspace at its own path", m.Source)
 	}
 	c.Session.Mounts = mounts
 	return nil

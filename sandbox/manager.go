@@ -189,6 +189,9 @@ func (c Config) checkSources(engineSocket string) error {
 	for _, mt := range c.Session.Mounts {
 		if real, err := filepath.EvalSymlinks(mt.Source); err == nil {
 			if err := checkGrant(mt.Source, real, engineSocket, c.Private); err != nil {
+				if mt.Origin != "" {
+					return fmt.Errorf("%s: %s", mt.Origin, strings.TrimPrefix(Reason(err), "session.mounts: "))
+				}
 				return c.settingError("session.mounts", "session.mounts", err)
 			}
 		}

@@ -484,7 +484,13 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 			return 0, usageError{fmt.Errorf("-w: %w", err)}
 		}
 	}
-	mounts, err := volumeFlags(volumes, wd)
+	// A relative source is taken from the workspace as it really is: the
+	// way there may pass links of the user's, which a grant may not.
+	base := wd
+	if real, err := filepath.EvalSymlinks(wd); err == nil {
+		base = real
+	}
+	mounts, err := volumeFlags(volumes, base)
 	if err != nil {
 		return 0, err
 	}
@@ -506,6 +512,7 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 			if err != nil {
 				return err
 			}
+			defer cli.Close()
 			for _, mt := range mounts {
 				if err := cfg.AddMount(mt, sandbox.EngineSocket(cli)); err != nil {
 					return usageError{fmt.Errorf("%s: %w", mt.Origin, err)}
@@ -599,17 +606,23 @@ func overrideError(err error) error {
 	return usageError{errors.New("--" + sandbox.Reason(err))}
 }
 
+// maxVolumeFlag bounds a -v value, which errors quote.
+const maxVolumeFlag = 4096
+
 // volumeFlags reads run's -v values, SRC:DST[:ro|rw] as docker run takes
 // them; a relative SRC is taken from dir. Paths with a colon cannot be
 // given this way (session.mounts takes them).
 func volumeFlags(values []string, dir string) ([]sandbox.Mount, error) {
 	var mounts []sandbox.Mount
 	for _, v := range values {
+		if len(v) > maxVolumeFlag {
+			return nil, usageError{fmt.Errorf("-v %.50q...: longer than %d bytes", v, maxVolumeFlag)}
+		}
 		parts := strings.Split(v, ":")
 		if len(parts) < 2 || len(parts) > 3 || parts[0] == "" || parts[1] == "" {
 			return nil, usageError{fmt.Errorf("-v %.200q: want SRC:DST or SRC:DST:ro (a path with a colon in it only in session.mounts)", v)}
 		}
-		m := sandbox.Mount{Source: parts[0], Target: parts[1], Mode: "rw", Origin: fmt.Sprintf("-v %.200s", v)}
+		m := sandbox.Mount{Source: parts[0], Target: parts[1], Mode: "rw", Origin: fmt.Sprintf("-v %q", v)}
 		if len(parts) == 3 {
 			if parts[2] != "ro" && parts[2] != "rw" {
 				return nil, usageError{fmt.Errorf("-v %.200q: mode %.50q is not ro or rw", v, parts[2])}

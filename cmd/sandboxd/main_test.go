@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -12,6 +13,10 @@ import (
 // message that names it (and where to read more), before anything touches
 // the engine; help asked for goes to stdout and exits 0.
 func TestCommandLineErrors(t *testing.T) {
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		args []string
 		code int
@@ -70,10 +75,15 @@ func TestCommandLineErrors(t *testing.T) {
 		{[]string{"run", "-v", ":/data", "--", "true"}, 2, "-v \":/data\": want SRC:DST"},
 		{[]string{"run", "-v", "/a:/b:c:d", "--", "true"}, 2, "a path with a colon in it only in session.mounts"},
 		{[]string{"run", "-v", "/tmp:/data:rx", "--", "true"}, 2, "-v \"/tmp:/data:rx\": mode \"rx\" is not ro or rw"},
-		{[]string{"run", "-v", "/proc:/p", "--", "true"}, 2, "sandboxd run: -v /proc:/p: source \"/proc\" is or holds the host's /proc"},
-		{[]string{"run", "-v", "/:/host:ro", "--", "true"}, 2, "sandboxd run: -v /:/host:ro: source \"/\" is or holds "},
-		{[]string{"run", "-v", "/tmp:/proc/x", "--", "true"}, 2, "sandboxd run: -v /tmp:/proc/x: target of \"/tmp\""},
-		{[]string{"run", "-v", "/tmp:/d", "-v", "/tmp:/d/", "--", "true"}, 2, "sandboxd run: -v /tmp:/d/: targets \"/d\" and \"/d/\" are the same path"},
+		{[]string{"run", "-v", "/proc:/p", "--", "true"}, 2, "sandboxd run: -v \"/proc:/p\": source \"/proc\" is or holds the host's /proc"},
+		{[]string{"run", "-v", "/:/host:ro", "--", "true"}, 2, "sandboxd run: -v \"/:/host:ro\": source \"/\" is or holds "},
+		{[]string{"run", "-v", "/tmp:/proc/x", "--", "true"}, 2, "sandboxd run: -v \"/tmp:/proc/x\": target of \"/tmp\""},
+		{[]string{"run", "-v", ".:/src", "--", "true"}, 2, "sandboxd run: -v \".:/src\": source \"" + wd + "\" is, holds or lies in the workspace, whose git metadata protect_git keeps read-only"},
+		{[]string{"run", "-v", "..:/up", "--", "true"}, 2, "is, holds or lies in the workspace"},
+		{[]string{"run", "-v", "/tmp:" + wd, "--", "true"}, 2, "target \"" + wd + "\" is or holds the workspace"},
+		{[]string{"run", "-v", "/tmp:" + filepath.Dir(wd), "--", "true"}, 2, "is or holds the workspace"},
+		{[]string{"run", "-v", strings.Repeat("x", 5000) + ":/d", "--", "true"}, 2, "longer than 4096 bytes"},
+		{[]string{"run", "-v", "/tmp:/d", "-v", "/tmp:/d/", "--", "true"}, 2, "sandboxd run: -v \"/tmp:/d/\": targets \"/d\" and \"/d/\" are the same path"},
 	}
 	t.Setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
 	for _, tc := range tests {
