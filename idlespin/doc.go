@@ -3,10 +3,10 @@
 // machine allows it.
 //
 // A relay adds a process to the path of every message, and each message
-// then wakes one process more. Where an idle CPU halts at once (a
-// Firecracker guest has guest_halt_poll_ns set to 0), waking a process
-// on it costs tens of microseconds in the host, more than the relay's
-// own work. A thread that spins at SCHED_IDLE keeps its CPU awake: the
+// then wakes one process more. Where an idle virtual CPU halts at once
+// (the guest kernel's halt polling off, guest_halt_poll_ns = 0, as on the
+// Firecracker machine this was measured on), waking a process on it
+// costs tens of microseconds in the host, more than the relay's own work. A thread that spins at SCHED_IDLE keeps its CPU awake: the
 // scheduler still counts that CPU as idle, places woken tasks on it and
 // lets them preempt the spinner at once, so the spinner takes no CPU
 // time another task of this kernel wants (a hyperthread sibling, or

@@ -25,9 +25,9 @@ const maxThreads = 64
 // threads, the window and the parent's pid; the shared page is fd 3. It
 // returns an exit code when it cannot start, else runs until killed.
 func RunHelper(args []string) int {
-	// Named for ps and top, which show it spinning.
-	name := []byte("sandboxd-spin\x00")
-	unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(&name[0])), 0, 0, 0)
+	// Named for ps and top, which show it spinning: the process's own
+	// name (its main thread's), whichever thread this runs on.
+	os.WriteFile("/proc/self/comm", []byte("sandboxd-spin"), 0)
 	// It allocates nothing once started: no collection need ever run.
 	debug.SetGCPercent(-1)
 	if err := runHelper(args); err != nil {

@@ -2,6 +2,7 @@ package idlespin
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -61,8 +62,9 @@ type Spinner struct {
 // New starts a helper process of n threads that spin for window after
 // each Touch, or returns why not: no Spinner and no error when n or window
 // is 0, an error wrapping ErrCPUQuota under a CPU quota. log is told if
-// the helper ends before Close.
-func New(n int, window time.Duration, log *slog.Logger) (*Spinner, error) {
+// the helper ends before Close. It waits for the helper to start, for at
+// most helperTimeout or until ctx is done.
+func New(ctx context.Context, n int, window time.Duration, log *slog.Logger) (*Spinner, error) {
 	if n <= 0 || window <= 0 {
 		return nil, nil
 	}
@@ -107,6 +109,8 @@ func New(n int, window time.Duration, log *slog.Logger) (*Spinner, error) {
 	case word = <-said:
 	case <-time.After(helperTimeout):
 		word = "helper did not start within " + helperTimeout.String()
+	case <-ctx.Done():
+		word = "helper not started: " + ctx.Err().Error()
 	}
 	if word != "ready" {
 		s.Close()

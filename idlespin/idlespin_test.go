@@ -2,6 +2,7 @@ package idlespin
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"log/slog"
 	"os"
@@ -153,7 +154,7 @@ func newSpinner(t *testing.T, n int, window time.Duration) *Spinner {
 	if quota, err := cpuQuota(os.DirFS("/")); err != nil || quota != "" {
 		t.Skipf("no busy polling here: quota %q, %v", quota, err)
 	}
-	s, err := New(n, window, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s, err := New(context.Background(), n, window, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,13 +176,13 @@ func TestSpinnerSpinsForItsWindow(t *testing.T) {
 	}
 	start := time.Now()
 	s.Touch()
-	poll(t, "a round of spinning", func() bool { return s.shared.rounds.Load() == 1 })
-	poll(t, "the thread stops", func() bool { return s.shared.spinning.Load() == 0 })
+	eventually(t, "a round of spinning", 10*time.Second, func() bool { return s.shared.rounds.Load() == 1 })
+	eventually(t, "the thread stops", 10*time.Second, func() bool { return s.shared.spinning.Load() == 0 })
 	if d := time.Since(start); d < window {
 		t.Errorf("stopped after %s, before the window of %s", d, window)
 	}
 	s.Touch()
-	poll(t, "a second round", func() bool { return s.shared.rounds.Load() == 2 })
+	eventually(t, "a second round", 10*time.Second, func() bool { return s.shared.rounds.Load() == 2 })
 }
 
 // threadPolicies counts the threads of process pid by scheduling policy.
@@ -209,7 +210,7 @@ func TestCloseEndsTheHelper(t *testing.T) {
 	n := min(runtime.NumCPU(), 2)
 	s := newSpinner(t, n, time.Hour)
 	s.Touch()
-	poll(t, "the threads spin", func() bool { return s.shared.spinning.Load() == int32(n) })
+	eventually(t, "the threads spin", 10*time.Second, func() bool { return s.shared.spinning.Load() == int32(n) })
 	s.Close()
 	if s.helper.ProcessState == nil {
 		t.Fatal("helper not waited for")
@@ -240,12 +241,12 @@ func TestHelperThatDiesIsNoticed(t *testing.T) {
 		t.Skipf("no busy polling here: quota %q, %v", quota, err)
 	}
 	var logs bytes.Buffer
-	s, err := New(1, time.Millisecond, slog.New(slog.NewTextHandler(&logs, nil)))
+	s, err := New(context.Background(), 1, time.Millisecond, slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	poll(t, "the thread waits", func() bool { return s.shared.sleepers.Load() == 1 })
+	eventually(t, "the thread waits", 10*time.Second, func() bool { return s.shared.sleepers.Load() == 1 })
 	s.helper.Process.Kill() // the OOM killer, say
 	<-s.exited
 	if !strings.Contains(logs.String(), "busy polling stopped: its helper ended") {
@@ -288,18 +289,18 @@ func TestNilAndOff(t *testing.T) {
 		n      int
 		window time.Duration
 	}{{0, time.Millisecond}, {2, 0}, {-1, -1}} {
-		if s, err := New(c.n, c.window, nil); s != nil || err != nil {
+		if s, err := New(context.Background(), c.n, c.window, nil); s != nil || err != nil {
 			t.Errorf("New(%d, %s) = %v, %v; want nil, nil", c.n, c.window, s, err)
 		}
 	}
 }
 
-func poll(t *testing.T, what string, cond func() bool) {
+func eventually(t *testing.T, what string, timeout time.Duration, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 10s", what)
+			t.Fatalf("%s: not within %s", what, timeout)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

@@ -92,7 +92,8 @@ func mountOf(mounts []mountinfo.Mount, match func(mountinfo.Mount) bool, cgroup 
 }
 
 // within returns p relative to root, as an absolute path, if p is root or
-// below it.
+// below it: sandbox.Within and the path below, for a package that does
+// not import sandbox (and with it the engine's client).
 func within(p, root string) (string, bool) {
 	if p != path.Clean(p) || !path.IsAbs(p) {
 		return "", false // "/../..": outside the namespace's root

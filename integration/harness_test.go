@@ -464,3 +464,19 @@ func writeFile(t testing.TB, name, text string) {
 		t.Fatal(err)
 	}
 }
+
+// procStat reads /proc/PID/stat: the command's name, and the fields after
+// it (state first, then the parent's pid, ...). ok is false when the
+// process is gone.
+func procStat(pid int) (name string, fields []string, ok bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return "", nil, false
+	}
+	// The name, in parentheses, may hold anything: it ends at the last ')'.
+	open, end := bytes.IndexByte(b, '('), bytes.LastIndexByte(b, ')')
+	if open < 0 || end < open {
+		return "", nil, false
+	}
+	return string(b[open+1 : end]), strings.Fields(string(b[end+1:])), true
+}

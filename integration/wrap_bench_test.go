@@ -133,16 +133,15 @@ func BenchmarkWrapRelay(b *testing.B) {
 // procCPU returns the CPU time a process has used, its threads' together.
 func procCPU(b testing.TB, pid int) time.Duration {
 	b.Helper()
-	text, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		b.Fatal(err)
+	_, f, ok := procStat(pid)
+	if !ok || len(f) < 13 {
+		b.Fatalf("no /proc/%d/stat", pid)
 	}
-	// After the command's closing parenthesis: state is field 3, utime
-	// and stime fields 14 and 15, in USER_HZ (100 a second on Linux).
-	fields := strings.Fields(string(text[strings.LastIndexByte(string(text), ')')+1:]))
+	// utime and stime, fields 14 and 15 of the line (11 and 12 after the
+	// name), in USER_HZ: 100 a second on Linux.
 	var ticks int64
-	for _, f := range fields[11:13] {
-		n, err := strconv.ParseInt(f, 10, 64)
+	for _, v := range f[11:13] {
+		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -328,7 +328,7 @@ func TestWrapBusyPolls(t *testing.T) {
 	}
 	w.stop(t)
 	for _, pid := range helpers {
-		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil && bytes.Contains(b, []byte("(sandboxd-spin)")) {
+		if name, _, ok := procStat(pid); ok && name == "sandboxd-spin" {
 			t.Errorf("busy-polling helper %d outlived wrap", pid)
 		}
 	}
@@ -348,23 +348,17 @@ func TestWrapBusyPolls(t *testing.T) {
 // name) that process parent started.
 func spinHelpers(t testing.TB, parent int) []int {
 	t.Helper()
-	stats, err := filepath.Glob("/proc/[0-9]*/stat")
+	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var pids []int
-	for _, f := range stats {
-		b, err := os.ReadFile(f)
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
-			continue // it ended
-		}
-		if !bytes.Contains(b, []byte("(sandboxd-spin)")) {
 			continue
 		}
-		// After the command's closing parenthesis: state, ppid.
-		fields := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(f)))
-		if ppid, _ := strconv.Atoi(fields[1]); ppid == parent {
+		if name, f, ok := procStat(pid); ok && name == "sandboxd-spin" && f[1] == strconv.Itoa(parent) {
 			pids = append(pids, pid)
 		}
 	}
@@ -1123,8 +1117,8 @@ func (w *scriptWrap) wait(t *testing.T, d time.Duration) int {
 // processGone reports whether process pid has ended (a zombie not yet
 // reaped counts).
 func processGone(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	return err != nil || strings.Contains(string(b), ") Z ")
+	_, f, ok := procStat(pid)
+	return !ok || f[0] == "Z"
 }
 
 // TestWrapStoppedBySignal: a wrap told to stop by a signal stops the

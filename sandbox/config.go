@@ -138,7 +138,9 @@ func (c *Config) AddMount(m Mount, engineSocket string) error {
 	if err := checkGrant(m.Source, real, engineSocket, c.Private); err != nil {
 		return errors.New(strings.TrimPrefix(Reason(err), "session.mounts: "))
 	}
-	if c.Session.guardsGit() && m.Mode != "ro" && (Within(real, realWS) || Within(realWS, real)) {
+	// Also with the workspace read-only: its git metadata is read-only at
+	// its path as the rest is, and would not be at the mount's.
+	if c.Session.ProtectGit && m.Mode != "ro" && (Within(real, realWS) || Within(realWS, real)) {
 		return fmt.Errorf("source %.200q is, holds or lies in the workspace, whose git metadata protect_git keeps read-only there and a writable mount would not: add :ro, or use the workspace at its own path", m.Source)
 	}
 	c.Session.Mounts = mounts

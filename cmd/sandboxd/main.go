@@ -35,7 +35,7 @@ const usage = `sandboxd runs AI agents' shell commands in hardened per-session c
 Usage:
   sandboxd wrap [--config FILE] [--cpus N] [--memory SIZE] [--pids N] [--network NAME] [--image REF] [--agent-grace D] [--ahp-listen ADDR] [flags] -- AGENT [ARGS...]
   sandboxd serve [--listen stdio|unix:PATH] [--config FILE] [--ahp-listen ADDR] [flags]
-  sandboxd run [-i] [-t] [-e NAME=VALUE] [-w DIR] [-v SRC:DST[:ro]] [--read-only] [--cpus N] [--memory SIZE] [--pids N] [--network NAME] [--image REF] [--config FILE] [flags] -- CMD [ARGS...]
+  sandboxd run [-i] [-t] [-e NAME=VALUE] [-w DIR] [-v SRC:DST[:ro|rw]] [--read-only] [--cpus N] [--memory SIZE] [--pids N] [--network NAME] [--image REF] [--config FILE] [flags] -- CMD [ARGS...]
   sandboxd image build [--ref REF]
   sandboxd gc [--all]
   sandboxd config
@@ -620,7 +620,7 @@ func volumeFlags(values []string, dir string) ([]sandbox.Mount, error) {
 		}
 		parts := strings.Split(v, ":")
 		if len(parts) < 2 || len(parts) > 3 || parts[0] == "" || parts[1] == "" {
-			return nil, usageError{fmt.Errorf("-v %.200q: want SRC:DST or SRC:DST:ro (a path with a colon in it only in session.mounts)", v)}
+			return nil, usageError{fmt.Errorf("-v %.200q: want SRC:DST[:ro|rw] (a path with a colon in it only in session.mounts)", v)}
 		}
 		m := sandbox.Mount{Source: parts[0], Target: parts[1], Mode: "rw", Origin: fmt.Sprintf("-v %q", v)}
 		if len(parts) == 3 {

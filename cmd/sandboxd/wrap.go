@@ -77,7 +77,7 @@ func cmdWrap(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		return 0, err
 	}
 	defer closeManager(m, log)
-	spin, err := idlespin.New(min(runtime.NumCPU(), 2), busyPoll, log)
+	spin, err := idlespin.New(ctx, min(runtime.NumCPU(), 2), busyPoll, log)
 	switch {
 	case errors.Is(err, idlespin.ErrCPUQuota):
 		log.Info(err.Error())
