@@ -17,6 +17,9 @@ func TestCommandLineErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A directory to grant that neither holds nor lies in the workspace,
+	// wherever the checkout is.
+	src := t.TempDir()
 	tests := []struct {
 		args []string
 		code int
@@ -84,7 +87,7 @@ func TestCommandLineErrors(t *testing.T) {
 		{[]string{"run", "-v", "/tmp:" + wd, "--", "true"}, 2, "target \"" + wd + "\" is or holds the workspace"},
 		{[]string{"run", "-v", "/tmp:" + filepath.Dir(wd), "--", "true"}, 2, "is or holds the workspace"},
 		{[]string{"run", "-v", strings.Repeat("x", 5000) + ":/d", "--", "true"}, 2, "longer than 4096 bytes"},
-		{[]string{"run", "-v", "/tmp:/d", "-v", "/tmp:/d/", "--", "true"}, 2, "sandboxd run: -v \"/tmp:/d/\": targets \"/d\" and \"/d/\" are the same path"},
+		{[]string{"run", "-v", src + ":/d", "-v", src + ":/d/", "--", "true"}, 2, "sandboxd run: -v \"" + src + ":/d/\": targets \"/d\" and \"/d/\" are the same path"},
 	}
 	t.Setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
 	for _, tc := range tests {
