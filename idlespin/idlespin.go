@@ -84,7 +84,6 @@ func New(ctx context.Context, n int, window time.Duration, log *slog.Logger) (*S
 	if err != nil {
 		return nil, fmt.Errorf("busy polling: %w", err)
 	}
-	defer r.Close()
 	cmd := exec.Command("/proc/self/exe", HelperCommand, strconv.Itoa(n), window.String(), strconv.Itoa(os.Getpid()))
 	cmd.Args[0] = "sandboxd"
 	cmd.Dir = "/"
@@ -99,6 +98,7 @@ func New(ctx context.Context, n int, window time.Duration, log *slog.Logger) (*S
 	err = cmd.Start()
 	w.Close()
 	if err != nil {
+		r.Close()
 		return nil, fmt.Errorf("busy polling: start helper: %w", err)
 	}
 	s.helper = cmd
@@ -120,9 +120,12 @@ func New(ctx context.Context, n int, window time.Duration, log *slog.Logger) (*S
 }
 
 // watch reads what the helper says: its first line goes to said; what it
-// says later, up to its last 4 KiB, is logged if it ends before Close.
-func (s *Spinner) watch(r io.Reader, said chan<- string, log *slog.Logger) {
+// says later, its first 4 KiB, is logged if it ends before Close.
+func (s *Spinner) watch(r io.ReadCloser, said chan<- string, log *slog.Logger) {
 	defer close(s.exited)
+	// Read for as long as the helper lives: closed, the pipe would kill
+	// it with SIGPIPE when it has something to say.
+	defer r.Close()
 	var out []byte
 	buf := make([]byte, 4096)
 	told := false
@@ -136,7 +139,7 @@ func (s *Spinner) watch(r io.Reader, said chan<- string, log *slog.Logger) {
 			}
 		}
 		if len(out) > 4096 {
-			out = out[len(out)-4096:]
+			out = out[:4096] // a crash's report begins with what matters
 		}
 		if err != nil {
 			break
