@@ -136,7 +136,7 @@ func (c *Config) AddMount(m Mount, engineSocket string) error {
 		return fmt.Errorf("source %.200q: %w", m.Source, err)
 	}
 	if err := checkGrant(m.Source, real, engineSocket, c.Private); err != nil {
-		return errors.New(strings.TrimPrefix(Reason(err), "session.mounts: "))
+		return errors.New(grantReason(err))
 	}
 	// Also with the workspace read-only: its git metadata is read-only at
 	// its path as the rest is, and would not be at the mount's.

@@ -190,7 +190,7 @@ func (c Config) checkSources(engineSocket string) error {
 		if real, err := filepath.EvalSymlinks(mt.Source); err == nil {
 			if err := checkGrant(mt.Source, real, engineSocket, c.Private); err != nil {
 				if mt.Origin != "" {
-					return fmt.Errorf("%s: %s", mt.Origin, strings.TrimPrefix(Reason(err), "session.mounts: "))
+					return fmt.Errorf("%s: %s", mt.Origin, grantReason(err))
 				}
 				return c.settingError("session.mounts", "session.mounts", err)
 			}

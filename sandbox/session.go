@@ -345,6 +345,10 @@ func checkGrant(source, real, engineSocket string, private []string) error {
 	return nil
 }
 
+// grantReason is why checkGrant refused a grant, without the setting it
+// names: one that a flag of run's granted is told of under that flag.
+func grantReason(err error) string { return strings.TrimPrefix(Reason(err), "session.mounts: ") }
+
 // userLinkOn returns the first symbolic link not owned by root that
 // resolving path passes, and its owner; "" when there is none. It resolves
 // as the kernel does, component by component, so that a link inside a
@@ -657,15 +661,23 @@ func (s *Session) grantedMounts() ([]Mount, []mountCheck, error) {
 	mounts := slices.Clone(s.m.cfg.Session.Mounts)
 	checks := make([]mountCheck, 0, len(mounts))
 	for i, mt := range mounts {
+		// What granted it: the setting, or a flag of run's.
+		origin := "session.mounts"
+		if mt.Origin != "" {
+			origin = mt.Origin
+		}
 		real, err := filepath.EvalSymlinks(mt.Source)
 		if err != nil {
-			return nil, nil, fmt.Errorf("session.mounts: source %q: %w", mt.Source, err)
+			return nil, nil, fmt.Errorf("%s: source %q: %w", origin, mt.Source, err)
 		}
 		st, err := statEntryUnlinked(real)
 		if err != nil || st.Mode&syscall.S_IFMT == syscall.S_IFLNK {
-			return nil, nil, fmt.Errorf("%w: session.mounts: source %q changed while it was checked", ErrInvalid, mt.Source)
+			return nil, nil, fmt.Errorf("%w: %s: source %q changed while it was checked", ErrInvalid, origin, mt.Source)
 		}
 		if err := checkGrant(mt.Source, real, s.m.engineSocket(), s.m.cfg.Private); err != nil {
+			if mt.Origin != "" {
+				return nil, nil, fmt.Errorf("%w: %s: %s", ErrInvalid, mt.Origin, grantReason(err))
+			}
 			return nil, nil, err
 		}
 		mounts[i].Source = real
