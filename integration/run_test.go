@@ -286,9 +286,6 @@ func TestRunMountsWhatFlagsGrant(t *testing.T) {
 		{"workspace read-only", []string{"--read-only", "--", "touch", "z"}, 1, "Read-only file system", "", filepath.Join(ws, "z")},
 		{"host directory", []string{"-v", "/proc:/p", "--", "touch", "ran"}, 2, `-v "/proc:/p": source "/proc" is or holds the host's /proc`, "", filepath.Join(ws, "ran")},
 		{"a user's link", []string{"-v", link + ":/data", "--", "touch", "ran"}, 2, "-v " + strconv.Quote(link+":/data") + ": source " + strconv.Quote(link) + " passes the link", "", filepath.Join(ws, "ran")},
-		// Its git metadata, read-only at the workspace's path, would be
-		// writable at the mount's.
-		{"the workspace again", []string{"-v", ".:/src", "--", "touch", "/src/ran"}, 2, "protect_git keeps read-only", "", filepath.Join(ws, "ran")},
 		{"the workspace again, read-only", []string{"-v", ".:/src:ro", "--", "test", "-L", "/src/link"}, 0, "", "", ""},
 		{"over the workspace", []string{"-v", data + ":" + ws, "--", "touch", "ran"}, 2, "is or holds the workspace", "", filepath.Join(ws, "ran")},
 		{"missing source", []string{"-v", "/nonexistent:/data", "--", "touch", "ran"}, 2, `source "/nonexistent": no such file or directory`, "", filepath.Join(ws, "ran")},
@@ -313,5 +310,20 @@ func TestRunMountsWhatFlagsGrant(t *testing.T) {
 			}
 			assertNoContainers(t, r.pid)
 		})
+	}
+	// The workspace granted again, writable: its git metadata, read-only
+	// at the workspace's path, is read-only at the mount's as well, also
+	// when the workspace itself is read-only.
+	config := filepath.Join(subdir(t, ws, ".git"), "config")
+	writeFile(t, config, "[core]\n")
+	own(t, config)
+	for _, flags := range [][]string{{"-v", ".:/src"}, {"--read-only", "-v", ".:/src"}} {
+		args := append(append([]string{"run", "--config", testEnv.config}, flags...), "--", "sh", "-c", "{ echo x >> /src/.git/config && echo changed; touch /src/made && echo wrote; } 2>/dev/null")
+		if r := runSandboxd(t, ws, nil, nil, args...); r.code != 0 || r.stdout != "wrote\n" {
+			t.Errorf("%v: exit %d, output %q; want 0 and only \"wrote\"", flags, r.code, r.output())
+		}
+		if b, err := os.ReadFile(config); err != nil || string(b) != "[core]\n" {
+			t.Errorf("%v: .git/config holds %q (%v)", flags, b, err)
+		}
 	}
 }

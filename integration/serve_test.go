@@ -760,3 +760,38 @@ func TestCommandNotFoundIs127(t *testing.T) {
 		}
 	}
 }
+
+// TestWritableGrantKeepsGitMetadataReadOnly: a writable grant of the
+// folder the workspace is in, or of a repository in it, shows the
+// workspace's git metadata at the grant's target too: read-only there as
+// well, the rest of the grant writable.
+func TestWritableGrantKeepsGitMetadataReadOnly(t *testing.T) {
+	parent := t.TempDir() // root's, as a grant's way must be
+	ws := subdir(t, parent, "proj")
+	config := filepath.Join(subdir(t, ws, ".git"), "config")
+	writeFile(t, config, "[core]\n")
+	own(t, config)
+	sub := subdir(t, ws, "sub")
+	subConfig := filepath.Join(subdir(t, sub, ".git"), "config")
+	writeFile(t, subConfig, "[core]\n")
+	own(t, subConfig)
+	srv := startServeWithConfig(t, ws, fmt.Sprintf("[[session.mounts]]\nsource = %q\ntarget = \"/p\"\n[[session.mounts]]\nsource = %q\ntarget = \"/x\"\n", parent, sub))
+	a := srv.agent()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	at := "/p/" + filepath.Base(ws)
+	out, st := sh(t, ctx, a, "s", "{ echo x >> "+at+"/.git/config && echo changed; "+
+		"echo x >> "+at+"/sub/.git/config && echo changed sub; "+
+		"echo x >> /x/.git/config && echo changed x; "+
+		"mv "+at+"/.git "+at+"/.git-old && echo moved; "+
+		"mv "+at+" /p/moved && echo moved workspace; "+
+		"touch "+at+"/made /x/made && echo wrote; } 2>/dev/null")
+	if out != "wrote\n" {
+		t.Errorf("got %q (%s), want only \"wrote\"", out, exitCode(st))
+	}
+	for _, f := range []string{config, subConfig} {
+		if b, err := os.ReadFile(f); err != nil || string(b) != "[core]\n" {
+			t.Errorf("%s holds %q (%v)", f, b, err)
+		}
+	}
+}

@@ -102,11 +102,9 @@ type Mount struct {
 // AddMount grants m to every session, as session.mounts does, once it is
 // checked as a mount of the configuration is at start: its target against
 // the other mounts, the scratch paths and the workspace, and its source,
-// which must exist, against what no sandbox may see. A writable source
-// that is, holds or lies in the workspace is refused while protect_git is
-// on: its git metadata, read-only at the workspace's path, would be
-// writable at the mount's. engineSocket is the path of the engine's
-// socket ("" for none). Its errors are reasons, without m.Origin.
+// which must exist, against what no sandbox may see. engineSocket is the
+// path of the engine's socket ("" for none). Its errors are reasons,
+// without m.Origin.
 func (c *Config) AddMount(m Mount, engineSocket string) error {
 	mounts := append(slices.Clip(c.Session.Mounts), m)
 	if err := validateMounts(mounts, c.Session.Scratch); err != nil {
@@ -137,11 +135,6 @@ func (c *Config) AddMount(m Mount, engineSocket string) error {
 	}
 	if err := checkGrant(m.Source, real, engineSocket, c.Private); err != nil {
 		return errors.New(grantReason(err))
-	}
-	// Also with the workspace read-only: its git metadata is read-only at
-	// its path as the rest is, and would not be at the mount's.
-	if c.Session.ProtectGit && m.Mode != "ro" && (Within(real, realWS) || Within(realWS, real)) {
-		return fmt.Errorf("source %.200q is, holds or lies in the workspace, whose git metadata protect_git keeps read-only there and a writable mount would not: add :ro, or use the workspace at its own path", m.Source)
 	}
 	c.Session.Mounts = mounts
 	return nil

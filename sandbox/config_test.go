@@ -1118,39 +1118,3 @@ func TestAddMount(t *testing.T) {
 		t.Errorf("the configuration's mounts changed: %+v", cfg.Session.Mounts)
 	}
 }
-
-// TestAddMountKeepsGitMetadataReadOnly: the workspace granted again, or
-// what holds it, writable only with protect_git off or read-only.
-func TestAddMountKeepsGitMetadataReadOnly(t *testing.T) {
-	ws := t.TempDir()
-	sub := filepath.Join(ws, "sub")
-	if err := os.Mkdir(sub, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	for _, tc := range []struct {
-		source, mode string
-		protect      bool
-		refused      bool
-		workspaceRO  bool
-	}{
-		{ws, "rw", true, true, false},
-		{ws, "rw", true, true, true}, // run --read-only -v .:/src
-		{filepath.Dir(ws), "rw", true, true, false},
-		{sub, "rw", true, true, false},
-		{ws, "ro", true, false, false},
-		{ws, "rw", false, false, false},
-	} {
-		cfg, err := LoadConfig(sandboxd.DefaultConfig, "", 2)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.Session.Workspace, cfg.Session.ProtectGit = ws, tc.protect
-		if tc.workspaceRO {
-			cfg.Session.WorkspaceMode = "ro"
-		}
-		err = cfg.AddMount(Mount{Source: tc.source, Target: "/src", Mode: tc.mode}, "")
-		if refused := err != nil && strings.Contains(err.Error(), "protect_git"); refused != tc.refused {
-			t.Errorf("%s:%s with protect_git %v: %v, want refused %v", tc.source, tc.mode, tc.protect, err, tc.refused)
-		}
-	}
-}

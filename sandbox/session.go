@@ -758,7 +758,7 @@ func (s *Session) start(ctx context.Context) error {
 		// file can be told from a broken grant.
 		m.log.Info("host filesystems below the session's mounts are shown empty; mount one by its own path to show it", "session", s.ID, "covered", covered)
 	}
-	protected, gitChecks, err := s.protectGit(real, binds, covered)
+	protected, gitChecks, err := s.protectGit(real, binds, sc.Mounts, covered)
 	if err != nil {
 		return fmt.Errorf("open session %s: %w", s.ID, err)
 	}
@@ -914,9 +914,29 @@ func planBinds(targets, sources []string, devs []uint64) ([]bind, error) {
 // between the bind and the metadata is pinned by a mount onto itself, so
 // that nothing can move the metadata aside and put other in its place. The
 // checks make the started container show the very files that were checked
-// there.
-func (s *Session) protectGit(real []string, binds []bind, covered []string) ([]mount.Mount, []mountCheck, error) {
-	if !s.m.cfg.Session.guardsGit() {
+// there. A writable grant (grants, sources resolved) that shows the
+// metadata too, one of the folder the session's directory is in say, gets
+// the same at its own target: else the metadata, read-only at the
+// directory's path, would be writable at the grant's.
+func (s *Session) protectGit(real []string, binds []bind, grants []Mount, covered []string) ([]mount.Mount, []mountCheck, error) {
+	sc := s.m.cfg.Session
+	if !sc.ProtectGit {
+		return nil, nil, nil
+	}
+	// What shows the metadata writable: the session's binds, unless the
+	// workspace is read-only (and the metadata in it with it), and the
+	// writable grants.
+	var shows []bind
+	if sc.guardsGit() {
+		shows = binds
+	}
+	ofSession := len(shows)
+	for _, mt := range grants {
+		if mt.Mode != "ro" {
+			shows = append(slices.Clip(shows), bind{source: mt.Source, target: mt.Target})
+		}
+	}
+	if len(shows) == 0 {
 		return nil, nil, nil
 	}
 	found, err := statGitMetadata(real, covered)
@@ -943,10 +963,11 @@ func (s *Session) protectGit(real []string, binds []bind, covered []string) ([]m
 	}
 	var ros []readOnly
 	for _, g := range found {
-		for _, b := range binds {
+		for i, b := range shows {
 			if g.path == b.source || !Within(b.source, g.path) {
 				continue
 			}
+			ofGrant := i >= ofSession
 			// Below a filesystem this bind does not show: not there.
 			if slices.ContainsFunc(covered, func(h string) bool { return h != b.source && Within(b.source, h) && Within(h, g.path) }) {
 				continue
@@ -955,8 +976,12 @@ func (s *Session) protectGit(real []string, binds []bind, covered []string) ([]m
 			target := filepath.Join(b.target, rel)
 			// A pointer naming a directory that holds a session
 			// directory would make that read-only: left alone.
+			// Another grant mounted deeper shows its own there.
+			overlaid := ofGrant && slices.ContainsFunc(grants, func(o Mount) bool {
+				return o.Target != b.target && Within(b.target, o.Target) && Within(o.Target, target)
+			})
 			if slices.ContainsFunc(binds, func(o bind) bool { return Within(target, o.target) }) ||
-				slices.ContainsFunc(ros, func(r readOnly) bool { return r.target == target }) || granted(target) {
+				slices.ContainsFunc(ros, func(r readOnly) bool { return r.target == target }) || !ofGrant && granted(target) || overlaid {
 				continue
 			}
 			ros = append(ros, readOnly{g, b, rel, target})
