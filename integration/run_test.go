@@ -326,4 +326,12 @@ func TestRunMountsWhatFlagsGrant(t *testing.T) {
 			t.Errorf("%v: .git/config holds %q (%v)", flags, b, err)
 		}
 	}
+	// The metadata itself granted writable: no place for a read-only
+	// mount over it there.
+	for _, src := range []string{".git", ".git/config"} {
+		r := runSandboxd(t, ws, nil, nil, "run", "--config", testEnv.config, "-v", src+":/g", "--", "true")
+		if r.code != 2 || !strings.Contains(r.output(), "is git metadata of the workspace") {
+			t.Errorf("-v %s:/g: exit %d, output %q; want 2 and a refusal", src, r.code, r.output())
+		}
+	}
 }

@@ -764,32 +764,71 @@ func TestCommandNotFoundIs127(t *testing.T) {
 // TestWritableGrantKeepsGitMetadataReadOnly: a writable grant of the
 // folder the workspace is in, or of a repository in it, shows the
 // workspace's git metadata at the grant's target too: read-only there as
-// well, the rest of the grant writable.
+// well (with the repository a worktree's .git names beside it), the rest
+// of the grant writable. A grant of the metadata itself is refused.
 func TestWritableGrantKeepsGitMetadataReadOnly(t *testing.T) {
 	parent := t.TempDir() // root's, as a grant's way must be
 	ws := subdir(t, parent, "proj")
-	config := filepath.Join(subdir(t, ws, ".git"), "config")
-	writeFile(t, config, "[core]\n")
-	own(t, config)
 	sub := subdir(t, ws, "sub")
-	subConfig := filepath.Join(subdir(t, sub, ".git"), "config")
-	writeFile(t, subConfig, "[core]\n")
-	own(t, subConfig)
-	srv := startServeWithConfig(t, ws, fmt.Sprintf("[[session.mounts]]\nsource = %q\ntarget = \"/p\"\n[[session.mounts]]\nsource = %q\ntarget = \"/x\"\n", parent, sub))
-	a := srv.agent()
+	var configs []string
+	for _, dir := range []string{ws, sub} {
+		config := filepath.Join(subdir(t, dir, ".git"), "config")
+		writeFile(t, config, "[core]\n")
+		own(t, config)
+		configs = append(configs, config)
+	}
+	// A worktree of a repository beside the workspace: host git in it
+	// runs that repository's config and hooks.
+	main := subdir(t, subdir(t, parent, "main"), ".git")
+	for _, d := range []string{"objects", "refs", "worktrees"} {
+		subdir(t, main, d)
+	}
+	writeFile(t, filepath.Join(main, "HEAD"), "ref: refs/heads/main\n")
+	mainConfig := filepath.Join(main, "config")
+	writeFile(t, mainConfig, "[core]\n")
+	own(t, mainConfig)
+	tree := subdir(t, parent, "tree")
+	gitdir := subdir(t, filepath.Join(main, "worktrees"), "tree")
+	writeFile(t, filepath.Join(gitdir, "HEAD"), "ref: refs/heads/tree\n")
+	writeFile(t, filepath.Join(gitdir, "commondir"), "../..\n")
+	writeFile(t, filepath.Join(tree, ".git"), "gitdir: "+gitdir+"\n")
+	configs = append(configs, mainConfig)
+
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	at := "/p/" + filepath.Base(ws)
-	out, st := sh(t, ctx, a, "s", "{ echo x >> "+at+"/.git/config && echo changed; "+
-		"echo x >> "+at+"/sub/.git/config && echo changed sub; "+
+	srv := startServeWithConfig(t, ws, fmt.Sprintf("[[session.mounts]]\nsource = %q\ntarget = \"/p\"\n[[session.mounts]]\nsource = %q\ntarget = \"/x\"\n", parent, sub))
+	a := srv.agent()
+	out, st := sh(t, ctx, a, "s", "{ echo x >> /p/proj/.git/config && echo changed; "+
+		"echo x >> /p/proj/sub/.git/config && echo changed sub; "+
 		"echo x >> /x/.git/config && echo changed x; "+
-		"mv "+at+"/.git "+at+"/.git-old && echo moved; "+
-		"mv "+at+" /p/moved && echo moved workspace; "+
-		"touch "+at+"/made /x/made && echo wrote; } 2>/dev/null")
+		"mv /p/proj/.git /p/proj/.git-old && echo moved; "+
+		"mv /p/proj /p/moved && echo moved workspace; "+
+		"touch /p/proj/made /x/made && echo wrote; } 2>/dev/null")
 	if out != "wrote\n" {
 		t.Errorf("got %q (%s), want only \"wrote\"", out, exitCode(st))
 	}
-	for _, f := range []string{config, subConfig} {
+	// The worktree as the workspace: its repository's config, beside it,
+	// is read-only through the grant.
+	srv = startServeWithConfig(t, tree, fmt.Sprintf("[[session.mounts]]\nsource = %q\ntarget = \"/p\"\n", parent))
+	out, st = sh(t, ctx, srv.agent(), "s", "{ echo x >> /p/main/.git/config && echo changed main; touch /p/main/made && echo wrote; } 2>/dev/null")
+	if out != "wrote\n" {
+		t.Errorf("worktree: got %q (%s), want only \"wrote\"", out, exitCode(st))
+	}
+	// A read-only grant mounted above the workspace's path (the folder
+	// it is in, at its own path): the workspace's bind is mounted over
+	// it, and its metadata stays read-only there.
+	srv = startServeWithConfig(t, ws, fmt.Sprintf("[[session.mounts]]\nsource = %q\ntarget = %q\nmode = \"ro\"\n", parent, parent))
+	out, st = sh(t, ctx, srv.agent(), "s", "{ echo x >> .git/config && echo changed; touch made && echo wrote; } 2>/dev/null")
+	if out != "wrote\n" {
+		t.Errorf("read-only grant above: got %q (%s), want only \"wrote\"", out, exitCode(st))
+	}
+	// The metadata itself granted writable: refused when the session
+	// starts.
+	srv = startServeWithConfig(t, ws, fmt.Sprintf("[[session.mounts]]\nsource = %q\ntarget = \"/g\"\n", filepath.Join(ws, ".git")))
+	if _, err := srv.agent().CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: "s", Command: "true"}); err == nil || !strings.Contains(err.Error(), "is git metadata of the session's directories") {
+		t.Errorf("grant of .git: %v, want a refusal", err)
+	}
+	for _, f := range configs {
 		if b, err := os.ReadFile(f); err != nil || string(b) != "[core]\n" {
 			t.Errorf("%s holds %q (%v)", f, b, err)
 		}

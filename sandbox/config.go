@@ -136,6 +136,17 @@ func (c *Config) AddMount(m Mount, engineSocket string) error {
 	if err := checkGrant(m.Source, real, engineSocket, c.Private); err != nil {
 		return errors.New(grantReason(err))
 	}
+	// Said now, not when the session starts: the workspace's git metadata
+	// itself, or what is in it, has no place for a read-only mount over
+	// it at the grant's target.
+	if c.Session.ProtectGit && m.Mode != "ro" {
+		found, _ := gitMetadataOf([]string{realWS}, nil, nil)
+		for _, g := range found {
+			if Within(g, real) {
+				return fmt.Errorf("source %.200q is git metadata of the workspace (%s), which protect_git keeps read-only: add :ro", m.Source, g)
+			}
+		}
+	}
 	c.Session.Mounts = mounts
 	return nil
 }

@@ -674,7 +674,7 @@ func TestGitMetadataOf(t *testing.T) {
 		{"submodules in the index", r("sub"), r("sub/.git", "sub/vendor/empty", "sub/vendor/old/.git", "sub/vendor/old/deep/er/.git")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got, err := gitMetadataOf(tc.real, nil); err != nil || !slices.Equal(got, tc.want) {
+			if got, err := gitMetadataOf(tc.real, nil, nil); err != nil || !slices.Equal(got, tc.want) {
 				t.Errorf("gitMetadataOf = %q, %v; want %q", got, err, tc.want)
 			}
 		})
@@ -772,7 +772,7 @@ func TestGitMetadataOfDoesNotWaitOnAFIFO(t *testing.T) {
 	defer held.Close()
 	done := make(chan []string, 1)
 	go func() {
-		found, _ := gitMetadataOf([]string{root}, nil)
+		found, _ := gitMetadataOf([]string{root}, nil, nil)
 		done <- found
 	}()
 	select {
@@ -1116,5 +1116,37 @@ func TestAddMount(t *testing.T) {
 	}
 	if len(granted) != 1 || len(cfg.Session.Mounts) != 1 {
 		t.Errorf("the configuration's mounts changed: %+v", cfg.Session.Mounts)
+	}
+}
+
+// TestAddMountRefusesWritableGitMetadata: the workspace's git metadata,
+// or what is in it, granted writable elsewhere would have no read-only
+// mount over it there.
+func TestAddMountRefusesWritableGitMetadata(t *testing.T) {
+	ws := t.TempDir()
+	hooks := filepath.Join(ws, ".git", "hooks")
+	if err := os.MkdirAll(hooks, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		source, mode string
+		protect      bool
+		refused      bool
+	}{
+		{filepath.Join(ws, ".git"), "rw", true, true},
+		{hooks, "rw", true, true},
+		{hooks, "ro", true, false},
+		{hooks, "rw", false, false},
+		{ws, "rw", true, false}, // protectGit mounts .git read-only at its target
+	} {
+		cfg, err := LoadConfig(sandboxd.DefaultConfig, "", 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Session.Workspace, cfg.Session.ProtectGit = ws, tc.protect
+		err = cfg.AddMount(Mount{Source: tc.source, Target: "/g", Mode: tc.mode}, "")
+		if refused := err != nil && strings.Contains(err.Error(), "is git metadata of the workspace"); refused != tc.refused {
+			t.Errorf("%s:%s with protect_git %v: %v, want refused %v", tc.source, tc.mode, tc.protect, err, tc.refused)
+		}
 	}
 }

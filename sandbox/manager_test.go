@@ -457,11 +457,11 @@ func TestGitMade(t *testing.T) {
 	}
 	s := m.addReady("s", SessionSpec{ID: "s"})
 	s.mountSources = []string{ws}
-	seen, err := statGitMetadata(s.mountSources, nil)
+	seen, err := statGitMetadata(s.mountSources, nil, nil)
 	if err != nil || len(seen) != 1 {
 		t.Fatalf("found at the start: %v, %v", seen, err)
 	}
-	s.gitSeen = seen
+	s.gitSeen, s.gitGuarded = seen, true
 	if made := s.gitMade(); len(made) != 0 {
 		t.Errorf("nothing made yet, gitMade = %q", made)
 	}
@@ -474,7 +474,9 @@ func TestGitMade(t *testing.T) {
 	if made := s.gitMade(); !slices.Equal(made, want) {
 		t.Errorf("gitMade = %q, want %q", made, want)
 	}
-	m.cfg.Session.ProtectGit = false
+	// A session whose start did not look (protect_git off, or nothing
+	// showed the metadata writable) tells of nothing.
+	s.gitGuarded = false
 	if made := s.gitMade(); len(made) != 0 {
 		t.Errorf("without protect_git, gitMade = %q", made)
 	}

@@ -59,11 +59,15 @@ type Session struct {
 	// resolved, once the session has checked them (guarded by mu).
 	mountSources []string
 	// gitSeen is the git metadata protectGit found, for a spare to be
-	// adopted only while it is still what is there.
-	gitSeen []gitFile
-	ready   chan struct{}
-	err     error // set before ready is closed
-	contID  string
+	// adopted only while it is still what is there; gitGuarded says it
+	// looked, gitAlso are the writable grants it looked in besides the
+	// session's directories.
+	gitSeen    []gitFile
+	gitGuarded bool
+	gitAlso    []string
+	ready      chan struct{}
+	err        error // set before ready is closed
+	contID     string
 
 	mu        sync.Mutex
 	terminals map[string]*Terminal
@@ -925,23 +929,45 @@ func (s *Session) protectGit(real []string, binds []bind, grants []Mount, covere
 	}
 	// What shows the metadata writable: the session's binds, unless the
 	// workspace is read-only (and the metadata in it with it), and the
-	// writable grants.
+	// writable grants that hold or lie in a session directory.
 	var shows []bind
 	if sc.guardsGit() {
 		shows = binds
 	}
-	ofSession := len(shows)
+	var writable []Mount
+	var also []string
 	for _, mt := range grants {
-		if mt.Mode != "ro" {
-			shows = append(slices.Clip(shows), bind{source: mt.Source, target: mt.Target})
+		if mt.Mode == "ro" || !slices.ContainsFunc(real, func(r string) bool { return Within(mt.Source, r) || Within(r, mt.Source) }) {
+			continue
+		}
+		shows = append(slices.Clip(shows), bind{source: mt.Source, target: mt.Target})
+		writable = append(writable, mt)
+		// One that holds a session directory also shows the git
+		// directories outside it that its .git files name (a
+		// worktree's repository beside it).
+		if slices.ContainsFunc(real, func(r string) bool { return r != mt.Source && Within(mt.Source, r) }) {
+			also = append(also, mt.Source)
 		}
 	}
 	if len(shows) == 0 {
 		return nil, nil, nil
 	}
-	found, err := statGitMetadata(real, covered)
+	found, err := statGitMetadata(real, also, covered)
 	if err != nil {
 		return nil, nil, err
+	}
+	// A grant of the metadata itself, or of what is in it, would show it
+	// where no read-only mount can be put over it.
+	for _, mt := range writable {
+		for _, g := range found {
+			if Within(g.path, mt.Source) {
+				origin := "session.mounts"
+				if mt.Origin != "" {
+					origin = mt.Origin
+				}
+				return nil, nil, fmt.Errorf("%w: %s: source %q is git metadata of the session's directories (%s), which protect_git keeps read-only: grant it read-only", ErrInvalid, origin, mt.Source, g.path)
+			}
+		}
 	}
 	if links := gitLinks(real); len(links) > 0 {
 		// A link cannot be mounted over without following it: commands
@@ -949,11 +975,6 @@ func (s *Session) protectGit(real []string, binds []bind, grants []Mount, covere
 		// person's git would then read.
 		s.m.log.Warn("a .git in the session's directories is a link, which protect_git cannot keep: commands can replace it; look at it before you run git there on the host",
 			"session", s.ID, "paths", links)
-	}
-	// What a granted mount shows in the container is not the session
-	// directory's: nothing of it to protect, and no place for a pin.
-	granted := func(target string) bool {
-		return slices.ContainsFunc(s.m.cfg.Session.Mounts, func(mt Mount) bool { return Within(mt.Target, target) })
 	}
 	type readOnly struct {
 		g      gitFile
@@ -963,11 +984,10 @@ func (s *Session) protectGit(real []string, binds []bind, grants []Mount, covere
 	}
 	var ros []readOnly
 	for _, g := range found {
-		for i, b := range shows {
+		for _, b := range shows {
 			if g.path == b.source || !Within(b.source, g.path) {
 				continue
 			}
-			ofGrant := i >= ofSession
 			// Below a filesystem this bind does not show: not there.
 			if slices.ContainsFunc(covered, func(h string) bool { return h != b.source && Within(b.source, h) && Within(h, g.path) }) {
 				continue
@@ -976,12 +996,14 @@ func (s *Session) protectGit(real []string, binds []bind, grants []Mount, covere
 			target := filepath.Join(b.target, rel)
 			// A pointer naming a directory that holds a session
 			// directory would make that read-only: left alone.
-			// Another grant mounted deeper shows its own there.
-			overlaid := ofGrant && slices.ContainsFunc(grants, func(o Mount) bool {
+			// A grant mounted between the bind's target and the
+			// metadata's shows its own there: nothing of the session's
+			// to protect, and no place for a pin.
+			overlaid := slices.ContainsFunc(grants, func(o Mount) bool {
 				return o.Target != b.target && Within(b.target, o.Target) && Within(o.Target, target)
 			})
 			if slices.ContainsFunc(binds, func(o bind) bool { return Within(target, o.target) }) ||
-				slices.ContainsFunc(ros, func(r readOnly) bool { return r.target == target }) || !ofGrant && granted(target) || overlaid {
+				slices.ContainsFunc(ros, func(r readOnly) bool { return r.target == target }) || overlaid {
 				continue
 			}
 			ros = append(ros, readOnly{g, b, rel, target})
@@ -1022,7 +1044,7 @@ func (s *Session) protectGit(real []string, binds []bind, grants []Mount, covere
 		}
 		plan(r.g.path, r.target, "ro", r.g.dev, r.g.ino)
 	}
-	s.gitSeen = found
+	s.gitSeen, s.gitGuarded, s.gitAlso = found, true, also
 	return mounts, checks, nil
 }
 
@@ -1035,8 +1057,8 @@ type gitFile struct {
 // statGitMetadata finds the git metadata of the session directories and
 // reads the device and inode of each, not following a link. mountPoints
 // are the host's mount points below them, which it does not look into.
-func statGitMetadata(real, mountPoints []string) ([]gitFile, error) {
-	paths, err := gitMetadataOf(real, mountPoints)
+func statGitMetadata(real, also, mountPoints []string) ([]gitFile, error) {
+	paths, err := gitMetadataOf(real, also, mountPoints)
 	if err != nil {
 		return nil, err
 	}
@@ -1056,10 +1078,10 @@ func statGitMetadata(real, mountPoints []string) ([]gitFile, error) {
 // repository made since (`git init`, a clone) has no read-only mount in
 // it, so a spare container is no longer fit for a new session.
 func (s *Session) gitUnchanged() bool {
-	if !s.m.cfg.Session.guardsGit() {
+	if !s.gitGuarded {
 		return true
 	}
-	now, err := statGitMetadata(s.mountSources, hostMountPoints())
+	now, err := statGitMetadata(s.mountSources, s.gitAlso, hostMountPoints())
 	return err == nil && slices.Equal(now, s.gitSeen)
 }
 
@@ -1075,10 +1097,10 @@ func (s *Session) gitMade() []string {
 	s.mu.Lock()
 	sources := s.mountSources
 	s.mu.Unlock()
-	if !s.m.cfg.Session.guardsGit() || s.err != nil || sources == nil {
+	if !s.gitGuarded || s.err != nil || sources == nil {
 		return nil
 	}
-	now, err := statGitMetadata(sources, hostMountPoints())
+	now, err := statGitMetadata(sources, s.gitAlso, hostMountPoints())
 	if err != nil {
 		return nil
 	}
@@ -1097,17 +1119,19 @@ func (s *Session) gitMade() []string {
 // one's .git, a directory or the file a worktree, submodule or separate
 // git directory has; the git directory such a file names; and the common
 // directory (config and hooks of a worktree) a git directory names. Only
-// what lies in one of the session directories counts: nothing else is in
-// the container. A path with a link on the way inside a session directory
-// is left out, and so is a .git that is a link: a command could point it
+// what lies in one of the session directories, or in one of also
+// (writable grants that hold one), counts: nothing else is in the
+// container. A path with a link on the way inside one of those is left
+// out, and so is a .git that is a link: a command could point it
 // elsewhere, and git follows it when it runs. Nothing at or below one of
 // mountPoints (the host's filesystems below the session directories,
 // which the container does not show) is looked at: a dead network mount
 // would hang the look.
-func gitMetadataOf(real, mountPoints []string) ([]string, error) {
+func gitMetadataOf(real, also, mountPoints []string) ([]string, error) {
 	var found []string
+	in := append(slices.Clip(real), also...)
 	add := func(p string) bool {
-		if slices.Contains(found, p) || !slices.ContainsFunc(real, func(r string) bool { return Within(r, p) }) || !unlinked(p, real) {
+		if slices.Contains(found, p) || !slices.ContainsFunc(in, func(r string) bool { return Within(r, p) }) || !unlinked(p, in) {
 			return false
 		}
 		found = append(found, p)
