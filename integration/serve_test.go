@@ -814,6 +814,18 @@ func TestWritableGrantKeepsGitMetadataReadOnly(t *testing.T) {
 	if out != "wrote\n" {
 		t.Errorf("worktree: got %q (%s), want only \"wrote\"", out, exitCode(st))
 	}
+	// A grant of the worktree's repository only, which holds none of the
+	// workspace: read-only there too; and one of its git directory itself
+	// is refused.
+	srv = startServeWithConfig(t, tree, fmt.Sprintf("[[session.mounts]]\nsource = %q\ntarget = \"/m\"\n", filepath.Dir(main)))
+	out, st = sh(t, ctx, srv.agent(), "s", "{ echo x >> /m/.git/config && echo changed main; touch /m/made && echo wrote; } 2>/dev/null")
+	if out != "wrote\n" {
+		t.Errorf("worktree, its repository granted: got %q (%s), want only \"wrote\"", out, exitCode(st))
+	}
+	srv = startServeWithConfig(t, tree, fmt.Sprintf("[[session.mounts]]\nsource = %q\ntarget = \"/g\"\n", main))
+	if _, err := srv.agent().CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: "s", Command: "true"}); err == nil || !strings.Contains(err.Error(), "is git metadata of the session's directories") {
+		t.Errorf("grant of a worktree's git directory: %v, want a refusal", err)
+	}
 	// A read-only grant mounted above the workspace's path (the folder
 	// it is in, at its own path): the workspace's bind is mounted over
 	// it, and its metadata stays read-only there.

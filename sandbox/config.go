@@ -140,8 +140,8 @@ func (c *Config) AddMount(m Mount, engineSocket string) error {
 	// itself, or what is in it, has no place for a read-only mount over
 	// it at the grant's target.
 	if c.Session.ProtectGit && m.Mode != "ro" {
-		found, _ := gitMetadataOf([]string{realWS}, nil, nil)
-		for _, g := range found {
+		found, _ := gitMetadataOf([]string{realWS}, nil, hostMountPoints())
+		for _, g := range append(found, rootGitDirs([]string{realWS})...) {
 			if Within(g, real) {
 				return fmt.Errorf("source %.200q is git metadata of the workspace (%s), which protect_git keeps read-only: add :ro", m.Source, g)
 			}

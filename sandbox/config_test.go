@@ -1150,3 +1150,47 @@ func TestAddMountRefusesWritableGitMetadata(t *testing.T) {
 		}
 	}
 }
+
+// TestAddMountRefusesAWorktreesGitDirectory: the git directory a
+// worktree's .git names, beside the workspace, is its metadata too.
+func TestAddMountRefusesAWorktreesGitDirectory(t *testing.T) {
+	dir := t.TempDir()
+	main := filepath.Join(dir, "main", ".git")
+	gitdir := filepath.Join(main, "worktrees", "wt")
+	for _, d := range []string{filepath.Join(main, "objects"), filepath.Join(main, "refs"), gitdir, filepath.Join(dir, "wt")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for name, text := range map[string]string{
+		filepath.Join(main, "HEAD"):        "ref: refs/heads/main\n",
+		filepath.Join(gitdir, "HEAD"):      "ref: refs/heads/wt\n",
+		filepath.Join(gitdir, "commondir"): "../..\n",
+		filepath.Join(dir, "wt", ".git"):   "gitdir: " + gitdir + "\n",
+	} {
+		if err := os.WriteFile(name, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		source  string
+		refused bool
+	}{
+		{main, true},
+		{filepath.Join(main, "hooks"), true},
+		{filepath.Dir(main), false}, // protectGit mounts its .git read-only
+	} {
+		if err := os.MkdirAll(tc.source, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := LoadConfig(sandboxd.DefaultConfig, "", 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Session.Workspace = filepath.Join(dir, "wt")
+		err = cfg.AddMount(Mount{Source: tc.source, Target: "/g", Mode: "rw"}, "")
+		if refused := err != nil && strings.Contains(err.Error(), "is git metadata of the workspace"); refused != tc.refused {
+			t.Errorf("%s: %v, want refused %v", tc.source, err, tc.refused)
+		}
+	}
+}

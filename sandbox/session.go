@@ -934,18 +934,26 @@ func (s *Session) protectGit(real []string, binds []bind, grants []Mount, covere
 	if sc.guardsGit() {
 		shows = binds
 	}
+	// The git directories the session directories' own .git name, beside
+	// them or anywhere (a worktree's repository): each root's .git is
+	// read-only in every session, so where it points was not chosen by a
+	// command.
+	chain := rootGitDirs(real)
+	near := func(mt Mount) bool {
+		return slices.ContainsFunc(append(slices.Clip(real), chain...), func(r string) bool { return Within(mt.Source, r) || Within(r, mt.Source) })
+	}
 	var writable []Mount
 	var also []string
 	for _, mt := range grants {
-		if mt.Mode == "ro" || !slices.ContainsFunc(real, func(r string) bool { return Within(mt.Source, r) || Within(r, mt.Source) }) {
+		if mt.Mode == "ro" || !near(mt) {
 			continue
 		}
 		shows = append(slices.Clip(shows), bind{source: mt.Source, target: mt.Target})
 		writable = append(writable, mt)
-		// One that holds a session directory also shows the git
-		// directories outside it that its .git files name (a
-		// worktree's repository beside it).
-		if slices.ContainsFunc(real, func(r string) bool { return r != mt.Source && Within(mt.Source, r) }) {
+		// One that holds a session directory, or a git directory one
+		// names, shows the git directories the .git files name there
+		// too.
+		if slices.ContainsFunc(append(slices.Clip(real), chain...), func(r string) bool { return r != mt.Source && Within(mt.Source, r) }) {
 			also = append(also, mt.Source)
 		}
 	}
@@ -957,15 +965,18 @@ func (s *Session) protectGit(real []string, binds []bind, grants []Mount, covere
 		return nil, nil, err
 	}
 	// A grant of the metadata itself, or of what is in it, would show it
-	// where no read-only mount can be put over it.
+	// where no read-only mount can be put over it. Only metadata whose
+	// place no command chose counts: what lies in a session directory,
+	// and the roots' git directories (a pointer a command left in a .git
+	// below could name any directory of a grant).
 	for _, mt := range writable {
-		for _, g := range found {
-			if Within(g.path, mt.Source) {
+		for _, g := range append(gitPaths(found), chain...) {
+			if Within(g, mt.Source) && (slices.Contains(chain, g) || slices.ContainsFunc(real, func(r string) bool { return Within(r, g) })) {
 				origin := "session.mounts"
 				if mt.Origin != "" {
 					origin = mt.Origin
 				}
-				return nil, nil, fmt.Errorf("%w: %s: source %q is git metadata of the session's directories (%s), which protect_git keeps read-only: grant it read-only", ErrInvalid, origin, mt.Source, g.path)
+				return nil, nil, fmt.Errorf("%w: %s: source %q is git metadata of the session's directories (%s), which protect_git keeps read-only: grant it read-only", ErrInvalid, origin, mt.Source, g)
 			}
 		}
 	}
@@ -1001,6 +1012,8 @@ func (s *Session) protectGit(real []string, binds []bind, grants []Mount, covere
 			// to protect, and no place for a pin.
 			overlaid := slices.ContainsFunc(grants, func(o Mount) bool {
 				return o.Target != b.target && Within(b.target, o.Target) && Within(o.Target, target)
+			}) || slices.ContainsFunc(binds, func(o bind) bool {
+				return o.target != b.target && Within(b.target, o.target) && Within(o.target, target)
 			})
 			if slices.ContainsFunc(binds, func(o bind) bool { return Within(target, o.target) }) ||
 				slices.ContainsFunc(ros, func(r readOnly) bool { return r.target == target }) || overlaid {
@@ -1071,6 +1084,40 @@ func statGitMetadata(real, also, mountPoints []string) ([]gitFile, error) {
 		found = append(found, gitFile{p, uint64(st.Dev), st.Ino})
 	}
 	return found, nil
+}
+
+// gitPaths returns the paths of found.
+func gitPaths(found []gitFile) []string {
+	paths := make([]string, len(found))
+	for i, g := range found {
+		paths[i] = g.path
+	}
+	return paths
+}
+
+// rootGitDirs returns the git directories the .git of each session
+// directory names (a worktree's, a separate git directory), and the common
+// directory each git directory names, wherever they lie.
+func rootGitDirs(real []string) []string {
+	var dirs []string
+	for _, r := range real {
+		dotgit := filepath.Join(r, ".git")
+		st, ok, err := gitMetadata(r)
+		if err != nil || !ok {
+			continue
+		}
+		gitdir := dotgit
+		if st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+			if gitdir = pointedTo(dotgit, "gitdir: "); !isGitDir(gitdir) {
+				continue
+			}
+			dirs = append(dirs, gitdir)
+		}
+		if common := pointedTo(filepath.Join(gitdir, "commondir"), ""); isGitDir(common) && !slices.Contains(dirs, common) {
+			dirs = append(dirs, common)
+		}
+	}
+	return dirs
 }
 
 // gitUnchanged reports whether the git metadata of the session's
