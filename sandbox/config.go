@@ -99,16 +99,26 @@ type Mount struct {
 	Origin string `toml:"-"`
 }
 
+// origin is what errors about m name: its Origin, or the setting.
+func (m Mount) origin() string {
+	if m.Origin != "" {
+		return m.Origin
+	}
+	return "session.mounts"
+}
+
 // AddMount grants m to every session, as session.mounts does, once it is
 // checked as a mount of the configuration is at start: its target against
 // the other mounts, the scratch paths and the workspace, and its source,
-// which must exist, against what no sandbox may see. engineSocket is the
-// path of the engine's socket ("" for none). Its errors are reasons,
-// without m.Origin.
+// which must exist, against what no sandbox may see and, written to, the
+// workspace's git metadata (said now rather than when the session
+// starts). engineSocket is the path of the engine's socket ("" for none).
+// Its errors name m.Origin.
 func (c *Config) AddMount(m Mount, engineSocket string) error {
+	o := m.origin()
 	mounts := append(slices.Clip(c.Session.Mounts), m)
 	if err := validateMounts(mounts, c.Session.Scratch); err != nil {
-		return err
+		return fmt.Errorf("%s: %w", o, err)
 	}
 	m.Target = filepath.Clean(m.Target)
 	mounts[len(mounts)-1] = m
@@ -123,7 +133,7 @@ func (c *Config) AddMount(m Mount, engineSocket string) error {
 	// Inside, the workspace is at its own path.
 	for _, w := range []string{ws, realWS} {
 		if Within(m.Target, w) {
-			return fmt.Errorf("target %.200q is or holds the workspace %.200q, which commands see at its own path", m.Target, w)
+			return fmt.Errorf("%s: target %.200q is or holds the workspace %.200q, which commands see at its own path", o, m.Target, w)
 		}
 	}
 	real, err := filepath.EvalSymlinks(m.Source)
@@ -131,20 +141,15 @@ func (c *Config) AddMount(m Mount, engineSocket string) error {
 		err = pe.Err // the path is said once
 	}
 	if err != nil {
-		return fmt.Errorf("source %.200q: %w", m.Source, err)
+		return fmt.Errorf("%s: source %.200q: %w", o, m.Source, err)
 	}
-	if err := checkGrant(m.Source, real, engineSocket, c.Private); err != nil {
-		return errors.New(grantReason(err))
+	if err := checkGrant(o, m.Source, real, engineSocket, c.Private); err != nil {
+		return errors.New(Reason(err))
 	}
-	// Said now, not when the session starts: the workspace's git metadata
-	// itself, or what is in it, has no place for a read-only mount over
-	// it at the grant's target.
 	if c.Session.ProtectGit && m.Mode != "ro" {
 		found, _ := gitMetadataOf([]string{realWS}, nil, hostMountPoints())
-		for _, g := range append(found, rootGitDirs([]string{realWS})...) {
-			if Within(g, real) {
-				return fmt.Errorf("source %.200q is git metadata of the workspace (%s), which protect_git keeps read-only: add :ro", m.Source, g)
-			}
+		if g := gitInGrant([]string{realWS}, found, rootGitDirs([]string{realWS}), real); g != "" {
+			return fmt.Errorf("%s: source %.200q is git metadata of the workspace (%s), which protect_git keeps read-only: add :ro", o, m.Source, g)
 		}
 	}
 	c.Session.Mounts = mounts

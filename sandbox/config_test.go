@@ -1088,10 +1088,10 @@ func TestAddMount(t *testing.T) {
 		want string // in the error; "" for none
 	}{
 		{"ok", Mount{Source: dir, Target: "/data", Mode: "rw", Origin: "-v"}, ""},
-		{"same target as the configuration's", Mount{Source: dir, Target: "/opt/x/", Mode: "rw"}, `targets "/opt/x" and "/opt/x/" are the same path`},
-		{"missing source", Mount{Source: filepath.Join(dir, "nope"), Target: "/data", Mode: "rw"}, "nope\": no such file or directory"},
-		{"host directory", Mount{Source: "/sys", Target: "/data", Mode: "ro"}, `source "/sys" is or holds the host's /sys`},
-		{"relative target", Mount{Source: dir, Target: "data", Mode: "ro"}, "must be an absolute path"},
+		{"same target as the configuration's", Mount{Source: dir, Target: "/opt/x/", Mode: "rw", Origin: "-v m"}, `targets "/opt/x" and "/opt/x/" are the same path`},
+		{"missing source", Mount{Source: filepath.Join(dir, "nope"), Target: "/data", Mode: "rw", Origin: "-v m"}, "nope\": no such file or directory"},
+		{"host directory", Mount{Source: "/sys", Target: "/data", Mode: "ro", Origin: "-v m"}, `source "/sys" is or holds the host's /sys`},
+		{"relative target", Mount{Source: dir, Target: "data", Mode: "ro", Origin: "-v m"}, "must be an absolute path"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -188,9 +188,9 @@ func (c Config) checkSources(engineSocket string) error {
 	}
 	for _, mt := range c.Session.Mounts {
 		if real, err := filepath.EvalSymlinks(mt.Source); err == nil {
-			if err := checkGrant(mt.Source, real, engineSocket, c.Private); err != nil {
+			if err := checkGrant(mt.origin(), mt.Source, real, engineSocket, c.Private); err != nil {
 				if mt.Origin != "" {
-					return fmt.Errorf("%s: %s", mt.Origin, grantReason(err))
+					return errors.New(Reason(err))
 				}
 				return c.settingError("session.mounts", "session.mounts", err)
 			}

@@ -331,27 +331,23 @@ func engineSocketIn(real, engineSocket string) string {
 // a workspace) can put one there, and so choose what the next session,
 // also one of a later sandboxd, mounts. A command never runs as root, so
 // a link of root's is none of theirs.
-func checkGrant(source, real, engineSocket string, private []string) error {
+func checkGrant(origin, source, real, engineSocket string, private []string) error {
 	if link, uid, err := userLinkOn(source); err != nil {
-		return fmt.Errorf("%w: session.mounts: source %q: %v", ErrInvalid, source, err)
+		return fmt.Errorf("%w: %s: source %q: %v", ErrInvalid, origin, source, err)
 	} else if link != "" {
-		return fmt.Errorf("%w: session.mounts: source %q passes the link %s of uid %d, which a sandboxed command running as that user could have put there to choose what is mounted; name the directory itself (%s)", ErrInvalid, source, link, uid, real)
+		return fmt.Errorf("%w: %s: source %q passes the link %s of uid %d, which a sandboxed command running as that user could have put there to choose what is mounted; name the directory itself (%s)", ErrInvalid, origin, source, link, uid, real)
 	}
 	if p := privateIn(real, private); p != "" {
-		return fmt.Errorf("%w: session.mounts: source %q is or holds %s, %s", ErrInvalid, source, p, privateWhy)
+		return fmt.Errorf("%w: %s: source %q is or holds %s, %s", ErrInvalid, origin, source, p, privateWhy)
 	}
 	if h := hostDirIn(real); h != "" {
-		return fmt.Errorf("%w: session.mounts: source %q is or holds the host's %s; grant what in it is needed", ErrInvalid, source, h)
+		return fmt.Errorf("%w: %s: source %q is or holds the host's %s; grant what in it is needed", ErrInvalid, origin, source, h)
 	}
 	if sock := engineSocketIn(real, engineSocket); sock != "" {
-		return fmt.Errorf("%w: session.mounts: source %q is or holds the Docker Engine's socket %s, which would give commands the engine and so the host", ErrInvalid, source, sock)
+		return fmt.Errorf("%w: %s: source %q is or holds the Docker Engine's socket %s, which would give commands the engine and so the host", ErrInvalid, origin, source, sock)
 	}
 	return nil
 }
-
-// grantReason is why checkGrant refused a grant, without the setting it
-// names: one that a flag of run's granted is told of under that flag.
-func grantReason(err error) string { return strings.TrimPrefix(Reason(err), "session.mounts: ") }
 
 // userLinkOn returns the first symbolic link not owned by root that
 // resolving path passes, and its owner; "" when there is none. It resolves
@@ -665,11 +661,7 @@ func (s *Session) grantedMounts() ([]Mount, []mountCheck, error) {
 	mounts := slices.Clone(s.m.cfg.Session.Mounts)
 	checks := make([]mountCheck, 0, len(mounts))
 	for i, mt := range mounts {
-		// What granted it: the setting, or a flag of run's.
-		origin := "session.mounts"
-		if mt.Origin != "" {
-			origin = mt.Origin
-		}
+		origin := mt.origin()
 		real, err := filepath.EvalSymlinks(mt.Source)
 		if err != nil {
 			return nil, nil, fmt.Errorf("%s: source %q: %w", origin, mt.Source, err)
@@ -678,10 +670,7 @@ func (s *Session) grantedMounts() ([]Mount, []mountCheck, error) {
 		if err != nil || st.Mode&syscall.S_IFMT == syscall.S_IFLNK {
 			return nil, nil, fmt.Errorf("%w: %s: source %q changed while it was checked", ErrInvalid, origin, mt.Source)
 		}
-		if err := checkGrant(mt.Source, real, s.m.engineSocket(), s.m.cfg.Private); err != nil {
-			if mt.Origin != "" {
-				return nil, nil, fmt.Errorf("%w: %s: %s", ErrInvalid, mt.Origin, grantReason(err))
-			}
+		if err := checkGrant(origin, mt.Source, real, s.m.engineSocket(), s.m.cfg.Private); err != nil {
 			return nil, nil, err
 		}
 		mounts[i].Source = real
@@ -939,13 +928,11 @@ func (s *Session) protectGit(real []string, binds []bind, grants []Mount, covere
 	// read-only in every session, so where it points was not chosen by a
 	// command.
 	chain := rootGitDirs(real)
-	near := func(mt Mount) bool {
-		return slices.ContainsFunc(append(slices.Clip(real), chain...), func(r string) bool { return Within(mt.Source, r) || Within(r, mt.Source) })
-	}
+	gitHomes := append(slices.Clip(real), chain...)
 	var writable []Mount
 	var also []string
 	for _, mt := range grants {
-		if mt.Mode == "ro" || !near(mt) {
+		if mt.Mode == "ro" || !slices.ContainsFunc(gitHomes, func(r string) bool { return Within(mt.Source, r) || Within(r, mt.Source) }) {
 			continue
 		}
 		shows = append(slices.Clip(shows), bind{source: mt.Source, target: mt.Target})
@@ -953,7 +940,7 @@ func (s *Session) protectGit(real []string, binds []bind, grants []Mount, covere
 		// One that holds a session directory, or a git directory one
 		// names, shows the git directories the .git files name there
 		// too.
-		if slices.ContainsFunc(append(slices.Clip(real), chain...), func(r string) bool { return r != mt.Source && Within(mt.Source, r) }) {
+		if slices.ContainsFunc(gitHomes, func(r string) bool { return r != mt.Source && Within(mt.Source, r) }) {
 			also = append(also, mt.Source)
 		}
 	}
@@ -965,19 +952,11 @@ func (s *Session) protectGit(real []string, binds []bind, grants []Mount, covere
 		return nil, nil, err
 	}
 	// A grant of the metadata itself, or of what is in it, would show it
-	// where no read-only mount can be put over it. Only metadata whose
-	// place no command chose counts: what lies in a session directory,
-	// and the roots' git directories (a pointer a command left in a .git
-	// below could name any directory of a grant).
+	// where no read-only mount can be put over it.
+	paths := gitPaths(found)
 	for _, mt := range writable {
-		for _, g := range append(gitPaths(found), chain...) {
-			if Within(g, mt.Source) && (slices.Contains(chain, g) || slices.ContainsFunc(real, func(r string) bool { return Within(r, g) })) {
-				origin := "session.mounts"
-				if mt.Origin != "" {
-					origin = mt.Origin
-				}
-				return nil, nil, fmt.Errorf("%w: %s: source %q is git metadata of the session's directories (%s), which protect_git keeps read-only: grant it read-only", ErrInvalid, origin, mt.Source, g)
-			}
+		if g := gitInGrant(real, paths, chain, mt.Source); g != "" {
+			return nil, nil, fmt.Errorf("%w: %s: source %q is git metadata of the session's directories (%s), which protect_git keeps read-only: grant it read-only", ErrInvalid, mt.origin(), mt.Source, g)
 		}
 	}
 	if links := gitLinks(real); len(links) > 0 {
@@ -1101,23 +1080,58 @@ func gitPaths(found []gitFile) []string {
 func rootGitDirs(real []string) []string {
 	var dirs []string
 	for _, r := range real {
-		dotgit := filepath.Join(r, ".git")
-		st, ok, err := gitMetadata(r)
-		if err != nil || !ok {
+		gitdir, common, ok := gitDirsOf(r)
+		if !ok || gitdir == "" {
 			continue
 		}
-		gitdir := dotgit
-		if st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
-			if gitdir = pointedTo(dotgit, "gitdir: "); !isGitDir(gitdir) {
-				continue
-			}
+		if gitdir != filepath.Join(r, ".git") {
 			dirs = append(dirs, gitdir)
 		}
-		if common := pointedTo(filepath.Join(gitdir, "commondir"), ""); isGitDir(common) && !slices.Contains(dirs, common) {
+		if common != "" && !slices.Contains(dirs, common) {
 			dirs = append(dirs, common)
 		}
 	}
 	return dirs
+}
+
+// gitDirsOf reads the .git of dir: ok when it has one; gitdir is the .git
+// itself when a directory, else the git directory its file names ("" for
+// none that is one); common is the common directory gitdir names, if any.
+func gitDirsOf(dir string) (gitdir, common string, ok bool) {
+	st, ok, err := gitMetadata(dir)
+	if err != nil || !ok {
+		return "", "", false
+	}
+	gitdir = filepath.Join(dir, ".git")
+	if st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+		if gitdir = pointedTo(gitdir, "gitdir: "); !isGitDir(gitdir) {
+			return "", "", true
+		}
+	}
+	if common = pointedTo(filepath.Join(gitdir, "commondir"), ""); !isGitDir(common) {
+		common = ""
+	}
+	return gitdir, common, true
+}
+
+// gitInGrant returns the git metadata of the session directories (real)
+// that a grant of source shows with no place for a read-only mount over
+// it: metadata that is source or holds it. Only metadata no command placed
+// counts: what lies in a session directory (of found), and the git
+// directories their own .git name (chain); a pointer a command left in a
+// .git below could name any directory of a grant.
+func gitInGrant(real, found, chain []string, source string) string {
+	for _, g := range found {
+		if Within(g, source) && slices.ContainsFunc(real, func(r string) bool { return Within(r, g) }) {
+			return g
+		}
+	}
+	for _, g := range chain {
+		if Within(g, source) {
+			return g
+		}
+	}
+	return ""
 }
 
 // gitUnchanged reports whether the git metadata of the session's
@@ -1201,19 +1215,16 @@ func gitMetadataOf(real, also, mountPoints []string) ([]string, error) {
 		if slices.Contains(mountPoints, dotgit) {
 			continue
 		}
-		st, ok, err := gitMetadata(r)
-		if err != nil || !ok {
+		gitdir, common, ok := gitDirsOf(r)
+		if !ok {
 			continue
 		}
 		add(dotgit)
-		gitdir := dotgit
-		if st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
-			if gitdir = pointedTo(dotgit, "gitdir: "); !isGitDir(gitdir) || !add(gitdir) {
-				continue
-			}
+		if gitdir != dotgit && (gitdir == "" || !add(gitdir)) {
+			continue
 		}
 		dirs := []string{gitdir}
-		if common := pointedTo(filepath.Join(gitdir, "commondir"), ""); isGitDir(common) {
+		if common != "" {
 			add(common)
 			dirs = append(dirs, common)
 		}

@@ -515,7 +515,7 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 			defer cli.Close()
 			for _, mt := range mounts {
 				if err := cfg.AddMount(mt, sandbox.EngineSocket(cli)); err != nil {
-					return usageError{fmt.Errorf("%s: %w", mt.Origin, err)}
+					return usageError{err}
 				}
 			}
 		}
