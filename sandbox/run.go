@@ -63,10 +63,10 @@ func Run(ctx context.Context, m *Manager, spec SessionSpec, cmd Command, opts Ru
 	var msg *reaperMessage
 	switch {
 	case cmd.Stderr != nil:
-		msg = &reaperMessage{w: cmd.Stderr, image: image, hold: true}
+		msg = &reaperMessage{w: cmd.Stderr, image: image}
 		cmd.Stderr = msg
 	case cmd.TTY && cmd.Stdout != nil:
-		msg = &reaperMessage{w: cmd.Stdout, image: image}
+		msg = &reaperMessage{w: cmd.Stdout, image: image, terminal: true}
 		cmd.Stdout = msg
 	}
 	code, err := run(ctx, cleanup, m, spec, cmd, opts)
@@ -284,17 +284,19 @@ func ExitCode(st ExitStatus) int {
 
 // reaperMessage passes a command's stderr on, but says in sandboxd's words
 // what the reaper says in its own when the command cannot be started
-// ("[FATAL tini (7)] exec x failed: No such file or directory"), or the
-// shell in front of a command on a terminal ("sh: exec: line 0: x: not
-// found"): a name of sandboxd's inner workings is no help to whoever
-// typed x.
+// ("[FATAL tini (7)] exec x failed: No such file or directory"), or, on a
+// terminal, the shell in front of the command that sizes it (ttySize):
+// "sh: exec: line 0: x: not found". A name of sandboxd's inner workings is
+// no help to whoever typed x.
 type reaperMessage struct {
 	w     io.Writer
 	image string
-	// hold says a line may come in pieces, held back until it is whole.
-	// On a terminal nothing is: a prompt or a key echoed must show at
-	// once, and the shell's line comes in one write.
-	hold bool
+	// terminal says the output is a terminal's. There nothing is held
+	// back: a prompt or a key echoed must show at once, and the shell's
+	// line comes in one write. Elsewhere the reaper's line may come in
+	// pieces and is held back until it is whole; no shell stands in front
+	// of the command, so a line of the shell's form is the command's own.
+	terminal bool
 
 	// mu orders the flush at the run's end after a write of a command
 	// whose kill failed, which may still go on.
@@ -303,10 +305,13 @@ type reaperMessage struct {
 	done bool   // it is not, or was rewritten: the rest passes
 }
 
-var reaperFailure = regexp.MustCompile(`^(?:\[FATAL tini \(\d+\)\] exec (.*) failed: (.*)|sh: (?:exec: line \d+|\d+: exec|line \d+: exec): (.*): (.*?))(\r?\n)`)
+var (
+	reaperFailure = regexp.MustCompile(`^\[FATAL tini \(\d+\)\] exec (.*) failed: (.*?)(\r?\n)`)
+	shellFailure  = regexp.MustCompile(`^sh: (?:exec: line \d+|\d+: exec|line \d+: exec): (.*): (.*?)(\r?\n)`)
+)
 
-// reaperPrefixes start the lines reaperFailure reads.
-var reaperPrefixes = []string{"[FATAL tini (", "sh: "}
+// reaperPrefix starts the line reaperFailure reads.
+const reaperPrefix = "[FATAL tini ("
 
 func (r *reaperMessage) Write(p []byte) (int, error) {
 	r.mu.Lock()
@@ -315,11 +320,9 @@ func (r *reaperMessage) Write(p []byte) (int, error) {
 		return r.w.Write(p)
 	}
 	r.head = append(r.head, p...)
-	if r.hold && bytes.IndexByte(r.head, '\n') < 0 && len(r.head) < 4096 {
-		for _, prefix := range reaperPrefixes {
-			if n := min(len(r.head), len(prefix)); string(r.head[:n]) == prefix[:n] {
-				return len(p), nil // more to come before it can tell
-			}
+	if !r.terminal && bytes.IndexByte(r.head, '\n') < 0 && len(r.head) < 4096 {
+		if n := min(len(r.head), len(reaperPrefix)); string(r.head[:n]) == reaperPrefix[:n] {
+			return len(p), nil // more to come before it can tell
 		}
 	}
 	if err := r.flushLocked(); err != nil {
@@ -340,12 +343,12 @@ func (r *reaperMessage) flushLocked() error {
 	r.done = true
 	head := r.head
 	r.head = nil
-	if m := reaperFailure.FindSubmatch(head); m != nil {
-		name, why := m[1], m[2]
-		if name == nil {
-			name, why = m[3], m[4]
-		}
-		msg := fmt.Sprintf("sandboxd: %s: %s (in %s, whose PATH is searched)%s", name, why, r.image, m[5])
+	m := reaperFailure.FindSubmatch(head)
+	if m == nil && r.terminal {
+		m = shellFailure.FindSubmatch(head)
+	}
+	if m != nil {
+		msg := fmt.Sprintf("sandboxd: %s: %s (in %s, whose PATH is searched)%s", m[1], m[2], r.image, m[3])
 		head = append([]byte(msg), head[len(m[0]):]...)
 	}
 	if len(head) == 0 {

@@ -14,7 +14,9 @@ import (
 
 // TestReaperMessage: the reaper's line for a command it could not start
 // is said in sandboxd's words, however the output is cut into writes;
-// anything else passes as it was.
+// anything else passes as it was, a line of the shell's form too: with no
+// terminal no shell stands in front of the command, so it is the
+// command's own.
 func TestReaperMessage(t *testing.T) {
 	for _, tc := range []struct {
 		name, in, want string
@@ -23,16 +25,15 @@ func TestReaperMessage(t *testing.T) {
 		{"and more after it", "[FATAL tini (7)] exec /etc/passwd failed: Permission denied\nmore\n", "sandboxd: /etc/passwd: Permission denied (in img:1, whose PATH is searched)\nmore\n"},
 		{"other output", "error: x\n[FATAL tini (7)] exec a failed: b\n", "error: x\n[FATAL tini (7)] exec a failed: b\n"},
 		{"alike, but another line", "[FATAL tini (3)] hello\n", "[FATAL tini (3)] hello\n"},
-		{"the shell's line, on a terminal", "sh: exec: line 0: nosuch: not found\r\nmore", "sandboxd: nosuch: not found (in img:1, whose PATH is searched)\r\nmore"},
-		{"dash's line", "sh: 1: exec: nosuch: not found\n", "sandboxd: nosuch: not found (in img:1, whose PATH is searched)\n"},
-		{"a shell's other line", "sh: syntax error: unexpected \"(\"\n", "sh: syntax error: unexpected \"(\"\n"},
+		{"the command's own line like the shell's", "sh: exec: line 0: nosuch: not found\nmore", "sh: exec: line 0: nosuch: not found\nmore"},
+		{"dash's line, the command's own", "sh: 1: exec: nosuch: not found\n", "sh: 1: exec: nosuch: not found\n"},
 		{"a lone s", "s", "s"},
 		{"the prefix alone, at the end", "[FATAL tini (", "[FATAL tini ("},
 		{"nothing", "", ""},
 	} {
 		for cut := 0; cut <= len(tc.in); cut++ {
 			var out strings.Builder
-			r := &reaperMessage{w: &out, image: "img:1", hold: true}
+			r := &reaperMessage{w: &out, image: "img:1"}
 			for _, part := range []string{tc.in[:cut], tc.in[cut:]} {
 				if n, err := r.Write([]byte(part)); err != nil || n != len(part) {
 					t.Fatalf("%s: Write = %d, %v", tc.name, n, err)
@@ -60,11 +61,14 @@ func TestReaperMessageOnATerminal(t *testing.T) {
 	}{
 		{"the shell's line", []string{"sh: exec: line 0: nosuch: not found\r\n"}, []string{"sandboxd: nosuch: not found (in img:1, whose PATH is searched)\r\n"}},
 		{"bash as sh", []string{"sh: line 1: exec: nosuch: not found\r\n"}, []string{"sandboxd: nosuch: not found (in img:1, whose PATH is searched)\r\n"}},
+		{"dash", []string{"sh: 1: exec: nosuch: not found\r\n"}, []string{"sandboxd: nosuch: not found (in img:1, whose PATH is searched)\r\n"}},
+		{"the reaper's line", []string{"[FATAL tini (7)] exec nosuch failed: No such file or directory\r\n"}, []string{"sandboxd: nosuch: No such file or directory (in img:1, whose PATH is searched)\r\n"}},
+		{"a shell's other line", []string{"sh: syntax error: unexpected \"(\"\r\n"}, []string{"sh: syntax error: unexpected \"(\"\r\n"}},
 		{"a prompt", []string{"s", "ure? "}, []string{"s", "sure? "}},
 		{"a line like it, later", []string{"$ ", "sh: exec: line 0: x: not found\r\n"}, []string{"$ ", "$ sh: exec: line 0: x: not found\r\n"}},
 	} {
 		var out strings.Builder
-		r := &reaperMessage{w: &out, image: "img:1"}
+		r := &reaperMessage{w: &out, image: "img:1", terminal: true}
 		for i, w := range tc.writes {
 			r.Write([]byte(w))
 			if out.String() != tc.want[i] {
