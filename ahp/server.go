@@ -331,6 +331,10 @@ func (s *Server) Listen(ctx context.Context, addr string, ready func(net.Addr) e
 	}
 	// Connections live in ctx: hijacked ones are beyond srv.Close.
 	srv := &http.Server{Handler: s, BaseContext: func(net.Listener) context.Context { return ctx }, ReadHeaderTimeout: 10 * time.Second}
+	// Every connection that is not upgraded was refused (no upgrade, a
+	// foreign Origin, too many strangers): kept alive, it would hold a
+	// descriptor and a goroutine for as long as the peer liked.
+	srv.SetKeepAlivesEnabled(false)
 	go func() {
 		<-ctx.Done()
 		srv.Close()
@@ -400,6 +404,18 @@ func protectedResources(r *http.Request) []map[string]any {
 // refused at the handshake; a wrong token gets AuthRequired to its first
 // request and the connection closes.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	stranger := !s.authorized(r)
+	if stranger {
+		defer s.strangers.Add(-1)
+		if s.strangers.Add(1) > maxStrangers {
+			// Refused before the upgrade: a WebSocket close would wait
+			// up to 5 s for the peer's answer, a connection held for
+			// each of a flood of them.
+			w.Header().Set("Retry-After", "10")
+			http.Error(w, "too many connections without a valid token are waiting; try again later", http.StatusServiceUnavailable)
+			return
+		}
+	}
 	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{OriginPatterns: s.cfg.Origins})
 	if err != nil {
 		if n, ok := s.refusals.Allow(time.Now()); ok {
@@ -409,14 +425,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	ws.SetReadLimit(8 << 20)
 	ctx := r.Context()
-	if !s.authorized(r) {
+	if stranger {
 		if n, ok := s.refusals.Allow(time.Now()); ok {
 			s.log.Warn("ahp connection without a valid token", "remote", r.RemoteAddr, "not_logged", n)
-		}
-		defer s.strangers.Add(-1)
-		if s.strangers.Add(1) > maxStrangers {
-			ws.Close(websocket.StatusTryAgainLater, "authentication required")
-			return
 		}
 		// It gets one small request's time to learn why, not a
 		// connection kept open by saying nothing, nor 8 MiB of memory.

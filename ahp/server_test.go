@@ -983,6 +983,13 @@ func TestStrangersAreBounded(t *testing.T) {
 	if _, msg, err := ws.Read(ctx); err == nil {
 		t.Errorf("a stranger's 1 MiB request was read and answered: %.100s", msg)
 	}
+	ws.CloseNow()
+	for s.strangers.Load() != 0 {
+		if ctx.Err() != nil {
+			t.Fatalf("%d strangers still counted after the first left", s.strangers.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
 	var held []*websocket.Conn
 	defer func() {
 		for _, c := range held {
@@ -1002,13 +1009,60 @@ func TestStrangersAreBounded(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	extra, _, err := websocket.Dial(ctx, url, wrong)
-	if err != nil {
-		t.Fatal(err)
+	extra, resp, err := websocket.Dial(ctx, url, wrong)
+	if err == nil {
+		extra.CloseNow()
+		t.Fatal("one stranger too many was let in")
 	}
-	defer extra.CloseNow()
-	if _, _, err := extra.Read(ctx); websocket.CloseStatus(err) != websocket.StatusTryAgainLater {
-		t.Errorf("one stranger too many: %v, want closed with %d", err, websocket.StatusTryAgainLater)
+	if resp == nil || resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("one stranger too many: %v, %+v, want 503 with Retry-After", err, resp)
+	}
+	// A connection with the token still gets in.
+	ws2 := dial(t, url)
+	ws2.CloseNow()
+}
+
+// TestRefusedConnectionsAreClosed: a request that is not upgraded (no
+// upgrade headers, a foreign Origin) gets its answer and its connection
+// closed, not kept alive for the peer to hold.
+func TestRefusedConnectionsAreClosed(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s := NewServer(ctx, Config{Token: "tok"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	bound := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- s.Listen(ctx, "127.0.0.1:0", func(a net.Addr) error {
+			bound <- a.String()
+			return nil
+		})
+	}()
+	addr := <-bound
+	for _, tc := range []struct{ name, req, status string }{
+		{"no upgrade", "GET / HTTP/1.1\r\nHost: x\r\n\r\n", "426"},
+		{"a foreign Origin", "GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nOrigin: http://evil.example\r\nAuthorization: Bearer tok\r\n\r\n", "403"},
+	} {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.WriteString(c, tc.req); err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(c)
+		c.Close()
+		if err != nil {
+			t.Errorf("%s: the connection stayed open after the answer: %v (read %q)", tc.name, err, got)
+			continue
+		}
+		if !strings.HasPrefix(string(got), "HTTP/1.1 "+tc.status) {
+			t.Errorf("%s: answered %.40q, want %s", tc.name, got, tc.status)
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Listen: %v", err)
 	}
 }
 
