@@ -16,6 +16,10 @@ __sbx_esc() {
 	s=${s//$'\n'/\\x0a}
 	s=${s//$'\e'/\\x1b}
 	s=${s//$'\a'/\\x07}
+	s=${s//$'\x18'/\\x18}
+	s=${s//$'\x1a'/\\x1a}
+	s=${s//$'\xc2\x9c'/\\xc2\\x9c}
+	s=${s//$'\xc2\x9d'/\\xc2\\x9d}
 	printf '%s' "$s"
 }
 __sbx_prompt() {
