@@ -70,6 +70,9 @@ const shellLauncher = `if command -v bash >/dev/null 2>&1; then
 			printf "\033]633;R;nonce\007"
 			IFS= read -r nonce
 			stty echo
+			case $nonce in
+			*[!0-9a-f]*|"") nonce=- ;;
+			esac
 			printf "\033]633;R;ready\007"
 		else
 			printf "\033]633;R;none\007"

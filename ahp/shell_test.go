@@ -1,10 +1,16 @@
 package ahp
 
 import (
+	"io"
 	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/sandboxd/sandboxd/ahp/osc633"
+	"github.com/sandboxd/sandboxd/console"
 )
 
 // TestShellIntegrationEscapesWhatEndsASequence: a directory name or a
@@ -45,5 +51,78 @@ func TestShellIntegrationEscapesWhatEndsASequence(t *testing.T) {
 				t.Errorf("%s, %s: events %+v, want P Cwd and E of %q", locale, tc.name, events, tc.value)
 			}
 		}
+	}
+}
+
+// TestLauncherTakesOnlyANonce: the launcher reads one line, with echo off,
+// as the nonce; a line that is none (input a client typed before a late
+// ask) leaves the shell without a nonce (no command detection) and is not
+// run, inside the rc file or anywhere else.
+func TestLauncherTakesOnlyANonce(t *testing.T) {
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Skip("no bash here")
+	}
+	for _, tc := range []struct{ name, typed, want string }{
+		{"a nonce", "0123456789abcdef0123456789abcdef", "0123456789abcdef0123456789abcdef"},
+		{"a client's line", "x; echo INJ''ECTED", "-"},
+		{"an empty line", "", "-"},
+	} {
+		ptm, pts, err := console.OpenPTY()
+		if err != nil {
+			t.Skip(err)
+		}
+		cmd := exec.Command("sh", "-c", shellLauncher)
+		cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=/nonexistent", "TERM=dumb", "SANDBOXD_SHELL_INTEGRATION=" + ShellIntegration}
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = pts, pts, pts
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		pts.Close()
+		var mu sync.Mutex
+		var out []byte
+		go func() {
+			buf := make([]byte, 4096)
+			for {
+				n, err := ptm.Read(buf)
+				mu.Lock()
+				out = append(out, buf[:n]...)
+				mu.Unlock()
+				if err != nil {
+					return
+				}
+			}
+		}()
+		waitFor := func(what string) {
+			t.Helper()
+			deadline := time.Now().Add(20 * time.Second)
+			for {
+				mu.Lock()
+				ok := strings.Contains(string(out), what)
+				mu.Unlock()
+				if ok {
+					return
+				}
+				if time.Now().After(deadline) {
+					mu.Lock()
+					defer mu.Unlock()
+					t.Fatalf("%s: no %q in %q", tc.name, what, out)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
+		waitFor("\x1b]633;R;nonce\a")
+		io.WriteString(ptm, tc.typed+"\n")
+		waitFor("\x1b]633;R;ready\a")
+		io.WriteString(ptm, "echo \"n=[$__sbx_nonce]\"; exit\n")
+		waitFor("n=[" + tc.want + "]")
+		cmd.Process.Kill()
+		cmd.Wait()
+		ptm.Close()
+		mu.Lock()
+		if strings.Contains(string(out), "INJECTED") {
+			t.Errorf("%s: the typed line ran: %q", tc.name, out)
+		}
+		mu.Unlock()
 	}
 }

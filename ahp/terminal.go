@@ -54,10 +54,16 @@ type terminal struct {
 	opened   bool
 	gate     chan struct{}
 	openOnce sync.Once
+	// typing orders the nonce typed for a launcher that asks only after
+	// the launch timeout against the input that then flows: wroteInput
+	// says some went in first (the launcher has read that line instead).
+	typing     sync.Mutex
+	wroteInput bool
 
 	// Used by the exec's output goroutine only, then by wait.
 	parser    *osc633.Parser
 	asked     bool // the launcher asked for the nonce
+	launched  bool // it has it (R;ready) or wants none (R;none)
 	detecting bool
 	line      string
 	// armed says a command line came with the nonce (E) and its start
@@ -227,7 +233,10 @@ func (t *terminal) writeInput() {
 	for {
 		select {
 		case p := <-t.input:
+			t.typing.Lock()
+			t.wroteInput = true
 			err := t.t.Input(p)
+			t.typing.Unlock()
 			t.s.mu.Lock()
 			t.inputBytes -= len(p)
 			t.s.mu.Unlock()
@@ -631,23 +640,28 @@ func (t *terminal) stateIs(is func(TerminalState) bool) bool {
 // launch answers the launcher, the first thing to run in the terminal:
 // with the nonce when it asks (echo is off then), and lets input flow once
 // it has read it (or wants none). Only its first request counts; a
-// program that prints one later gets nothing.
+// program that prints one later gets nothing. A launcher that asks only
+// after launchTimeout (a container short of CPU) still gets the nonce,
+// unless input went in first: it reads that line instead, finds no nonce
+// in it and starts the shell without command detection.
 func (t *terminal) launch(say string) {
-	if t.t == nil {
-		return // the server closed while the exec started
-	}
-	select {
-	case <-t.gate:
-		return // launched: a program's R gets nothing typed
-	default:
+	if t.t == nil || t.launched {
+		return // the server closed while the exec started, or launched
 	}
 	switch {
 	case say == "nonce" && !t.asked:
 		t.asked = true
+		t.typing.Lock()
+		defer t.typing.Unlock()
+		if t.wroteInput {
+			t.s.log.Warn("ahp terminal: the shell's launcher asked for the nonce after input went in; no command detection", "terminal", t.uri)
+			return
+		}
 		if err := t.t.Input([]byte(t.nonce + "\n")); err != nil {
 			t.s.log.Debug("ahp terminal: nonce not typed", "terminal", t.uri, "err", err)
 		}
 	case say == "ready" && t.asked, say == "none":
+		t.launched = true
 		t.open()
 	}
 }
