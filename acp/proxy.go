@@ -444,11 +444,11 @@ func (p *Proxy) fromAgent() error {
 		p.flushEnded()
 		p.mu.Lock()
 		pending := len(p.sessionCalls) > 0
-		// While a tool call's terminals are shown as text, an update
-		// that replaces its content names no terminal, and the watch
-		// must hear of it, or its refreshes would put the old output
-		// back over the new content.
-		watching := len(p.textWatches) > 0
+		// While a tool call shows terminals, an update that replaces
+		// its content names no terminal, and the watch must hear of it,
+		// or its refreshes would put the old output back over the new
+		// content (as text) or stream it on (to Zed).
+		watching := len(p.textWatches)+len(p.metaWatches) > 0
 		p.mu.Unlock()
 		if !pending && !watching && !mayNeedProxy(body) {
 			if err := p.editor.writeRaw(line); err != nil {
@@ -1031,19 +1031,21 @@ func (p *Proxy) rewriteToolCall(sessionID, kind string, update map[string]json.R
 	// Also from an update without content: an agent may name its own
 	// terminal in a tool call first and show it in a later update.
 	p.noteAgentTerminals(sessionID, update["_meta"])
-	raw, ok := update["content"]
-	if !ok || string(raw) == "null" {
-		return nil // a status change: the content, and its refreshes, stay
-	}
-	var content []json.RawMessage
-	if json.Unmarshal(raw, &content) != nil {
-		return nil
-	}
 	key := toolCallKey{sessionID, callID}
 	p.mu.Lock()
 	w := p.textWatches[key]
 	metaMode := p.editorMeta
 	p.mu.Unlock()
+	var content []json.RawMessage
+	if raw, ok := update["content"]; !ok || string(raw) == "null" || json.Unmarshal(raw, &content) != nil {
+		if kind == "tool_call_update" {
+			return nil // a status change: the content, and its refreshes, stay
+		}
+		// A tool call sent again says all of itself: content it lacks
+		// (or that is no array, which editors read as the default) is
+		// none, and what showed the terminals is gone.
+		content = nil
+	}
 	// Only sandboxd's terminals are rewritten, and any other the editor
 	// cannot know of. Those the agent runs itself (claude-agent-acp's
 	// Bash) and names in its own _meta, which the editor renders, go on
@@ -1070,6 +1072,7 @@ func (p *Proxy) rewriteToolCall(sessionID, kind string, update map[string]json.R
 			terms = append(terms, t)
 		}
 	}
+	p.showAnnounced(sessionID, callID, ids)
 	if len(ids) == 0 && len(unknown) == 0 {
 		if w != nil {
 			w.setContent(nil, nil) // the agent replaced the terminals
@@ -1241,6 +1244,27 @@ func (p *Proxy) announce(sessionID, callID string, update map[string]json.RawMes
 	return out
 }
 
+// showAnnounced notes which of the terminals announced in a tool call
+// its content still shows: output of one it no longer shows is not
+// streamed while it is not, and what it wrote meanwhile follows once it
+// is shown again. p.updates is held.
+func (p *Proxy) showAnnounced(sessionID, callID string, ids []string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, w := range p.metaWatches {
+		if w.sessionID == sessionID && w.toolCallID == callID {
+			hidden := !slices.Contains(ids, w.term.ID)
+			if w.hidden && !hidden {
+				select {
+				case w.wake <- struct{}{}:
+				default:
+				}
+			}
+			w.hidden = hidden
+		}
+	}
+}
+
 // allAnnounced reports whether the editor knows every one of the terminals
 // from terminal_info.
 func (p *Proxy) allAnnounced(sessionID string, ids []string) bool {
@@ -1337,8 +1361,11 @@ type watch struct {
 
 	// Meta watches; guarded by p.updates.
 	term *sandbox.Terminal
-	sent int64  // output offset sent so far
-	tail []byte // the start of a character whose rest has not come yet
+	// hidden says the tool call no longer shows the terminal: the
+	// agent replaced its content.
+	hidden bool
+	sent   int64  // output offset sent so far
+	tail   []byte // the start of a character whose rest has not come yet
 }
 
 // setContent replaces a text watch's content and returns it rendered.
@@ -1475,7 +1502,7 @@ func waitAny(ctx context.Context, wake <-chan struct{}, changed []<-chan struct{
 
 // refresh sends the editor what changed, if anything. p.updates is held.
 func (w *watch) refresh(final bool) (bool, error) {
-	if w.closed {
+	if w.closed || w.hidden {
 		return false, nil
 	}
 	update := toolCallUpdate{SessionUpdate: "tool_call_update", ToolCallID: w.toolCallID}

@@ -1363,41 +1363,91 @@ func TestWrapProxyShowsARepeatedTerminalOnce(t *testing.T) {
 
 // TestWrapProxyStopsRefreshingReplacedContent: an update that replaces a
 // tool call's terminal with other content, naming no terminal, reaches the
-// editor, and no refresh of the terminal's output follows it.
+// editor, and no refresh of the terminal's output follows it, shown as
+// text or streamed to Zed: a tool_call_update with other content, or the
+// tool call sent again without content (which is none), or with content
+// null.
 func TestWrapProxyStopsRefreshingReplacedContent(t *testing.T) {
+	for _, zed := range []bool{false, true} {
+		for _, replacement := range []string{
+			`"sessionUpdate":"tool_call_update","toolCallId":"c","content":[{"type":"content","content":{"type":"text","text":"done"}}]`,
+			`"sessionUpdate":"tool_call","toolCallId":"c","title":"make"`,
+			`"sessionUpdate":"tool_call","toolCallId":"c","title":"make","content":null`,
+		} {
+			e := newFakeEngine(t)
+			pp := startProxyWith(t, e.m)
+			if zed {
+				pp.rendersTerminalMeta()
+			}
+			pp.newSession(t, "s")
+			id := pp.createTerminal(t, ``)
+			send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c","content":[{"type":"terminal","terminalId":"`+id+`"}]}}}`+"\n")
+			if got := recv(t, pp.editor); !strings.Contains(got, `"type":"text"`) && !strings.Contains(got, "terminal_info") {
+				t.Fatalf("zed %v: editor got %q, want the terminal shown", zed, got)
+			}
+			replaced := `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{` + replacement + `}}}` + "\n"
+			send(t, pp.toProxyFromAgent, replaced)
+			if got := recv(t, pp.editor); got != replaced {
+				t.Fatalf("zed %v, %s: editor got %q, want the replacement as sent", zed, replacement, got)
+			}
+			// The terminal prints and ends: a watch still running would
+			// show it before the agent's next line.
+			e.output <- []byte("late output\n")
+			close(e.output)
+			waitExited(t, e, id)
+			marker := `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"next"}}}}` + "\n"
+			send(t, pp.toProxyFromAgent, marker)
+			if got := recv(t, pp.editor); got != marker {
+				t.Errorf("zed %v, %s: editor got %q after the replacement, want the agent's next line", zed, replacement, got)
+			}
+		}
+	}
+}
+
+// TestWrapProxyStreamsToZedWhatAReshownTerminalWrote: a terminal whose
+// tool call showed other content for a while, and then shows it again,
+// gets to Zed what it wrote meanwhile.
+func TestWrapProxyStreamsToZedWhatAReshownTerminalWrote(t *testing.T) {
 	e := newFakeEngine(t)
 	pp := startProxyWith(t, e.m)
+	pp.rendersTerminalMeta()
 	pp.newSession(t, "s")
 	id := pp.createTerminal(t, ``)
+	shows := `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call_update","toolCallId":"c","content":[{"type":"terminal","terminalId":"` + id + `"}]}}}` + "\n"
 	send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c","content":[{"type":"terminal","terminalId":"`+id+`"}]}}}`+"\n")
-	if got := recv(t, pp.editor); !strings.Contains(got, `"type":"text"`) {
-		t.Fatalf("editor got %q, want the terminal as text", got)
+	if got := recv(t, pp.editor); !strings.Contains(got, "terminal_info") {
+		t.Fatalf("editor got %q, want terminal_info", got)
 	}
-	replaced := `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call_update","toolCallId":"c","content":[{"type":"content","content":{"type":"text","text":"done"}}]}}}` + "\n"
-	send(t, pp.toProxyFromAgent, replaced)
-	if got := recv(t, pp.editor); got != replaced {
-		t.Fatalf("editor got %q, want the replacement as sent", got)
+	hides := `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call_update","toolCallId":"c","content":[]}}}` + "\n"
+	send(t, pp.toProxyFromAgent, hides)
+	if got := recv(t, pp.editor); got != hides {
+		t.Fatalf("editor got %q, want the update as sent", got)
 	}
-	// The terminal prints and ends: a watch still running would show it
-	// before the agent's next line.
-	e.output <- []byte("late output\n")
-	close(e.output)
+	e.output <- []byte("meanwhile\n")
+	send(t, pp.toProxyFromAgent, shows)
+	if got := recv(t, pp.editor); got != shows {
+		t.Fatalf("editor got %q, want the update as sent", got)
+	}
+	if got := recv(t, pp.editor); !strings.Contains(got, "terminal_output") || !strings.Contains(got, `meanwhile\n`) {
+		t.Errorf("editor got %q, want the output written while hidden", got)
+	}
+}
+
+// waitExited waits until the fake engine's terminal id of session s has
+// ended.
+func waitExited(t *testing.T, e *fakeEngine, id string) {
+	t.Helper()
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
 		s, err := e.m.Get(context.Background(), "test\x00s")
 		if err != nil {
 			t.Fatal(err)
 		}
 		if term, err := s.Terminal(id); err != nil || term.Exited() {
-			break
+			return
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("the terminal did not end")
 		}
-	}
-	marker := `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"next"}}}}` + "\n"
-	send(t, pp.toProxyFromAgent, marker)
-	if got := recv(t, pp.editor); got != marker {
-		t.Errorf("editor got %q after the replacement, want the agent's next line", got)
 	}
 }
 
