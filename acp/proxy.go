@@ -86,6 +86,11 @@ type Proxy struct {
 	// metaWatches stream terminals announced with terminal_info.
 	textWatches map[toolCallKey]*watch
 	metaWatches map[termKey]*watch
+	// endedWatches are text watches whose terminals all ended, by tool
+	// call, at most maxEmbedded: the agent's update that completes the
+	// tool call names the same terminals again, and the editor keeps
+	// the final output it has rather than get it once more.
+	endedWatches map[toolCallKey]*watch
 	// embedded are the terminals shown in tool calls, oldest first in
 	// embedOrder, readable after release.
 	embedded   map[termKey]*embeddedTerminal
@@ -131,6 +136,7 @@ func NewProxy(terms *Terminals, editor, agent io.ReadWriteCloser, log *slog.Logg
 		limit:          newRequestLimiter(),
 		specs:          make(map[string]sandbox.SessionSpec),
 		textWatches:    make(map[toolCallKey]*watch),
+		endedWatches:   make(map[toolCallKey]*watch),
 		metaWatches:    make(map[termKey]*watch),
 		embedded:       make(map[termKey]*embeddedTerminal),
 		agentTerminals: make(map[termKey]bool),
@@ -449,6 +455,10 @@ func (p *Proxy) fromAgent() error {
 		// or its refreshes would put the old output back over the new
 		// content (as text) or stream it on (to Zed).
 		watching := len(p.textWatches)+len(p.metaWatches) > 0
+		// And an ended watch must hear of the tool call's next content,
+		// lest a repeat of its terminals after other content go
+		// without their output.
+		watching = watching || len(p.endedWatches) > 0 && bytes.Contains(body, []byte("tool_call"))
 		p.mu.Unlock()
 		if !pending && !watching && !mayNeedProxy(body) {
 			if err := p.editor.writeRaw(line); err != nil {
@@ -544,6 +554,7 @@ func (p *Proxy) flushEnded() {
 		if _, err := w.refresh(true); err != nil {
 			p.log.Debug("refresh tool call", "toolCall", w.toolCallID, "err", err)
 		}
+		p.watchEnded(w)
 		w.closed = true
 		w.forget()
 	}
@@ -882,6 +893,11 @@ func (p *Proxy) closeSession(id string) {
 			w.closed = true
 		}
 	}
+	for k := range p.endedWatches {
+		if k.session == id {
+			delete(p.endedWatches, k)
+		}
+	}
 	delete(p.specs, id)
 	order := p.embedOrder[:0]
 	for _, k := range p.embedOrder {
@@ -1046,6 +1062,12 @@ func (p *Proxy) rewriteToolCall(sessionID, kind string, update map[string]json.R
 		// none, and what showed the terminals is gone.
 		content = nil
 	}
+	if w == nil && p.showsEnded(key, kind, content) {
+		// The same ended terminals again: the editor has their final
+		// output.
+		delete(update, "content")
+		return update
+	}
 	// Only sandboxd's terminals are rewritten, and any other the editor
 	// cannot know of. Those the agent runs itself (claude-agent-acp's
 	// Bash) and names in its own _meta, which the editor renders, go on
@@ -1096,7 +1118,7 @@ func (p *Proxy) rewriteToolCall(sessionID, kind string, update map[string]json.R
 	if w == nil {
 		w = &watch{p: p, sessionID: sessionID, toolCallID: callID, wake: make(chan struct{}, 1)}
 		startWatch(p, p.textWatches, key, w)
-	} else if kind == "tool_call_update" && slices.EqualFunc(content, w.content, func(a, b json.RawMessage) bool { return bytes.Equal(a, b) }) {
+	} else if kind == "tool_call_update" && sameItems(content, w.content) {
 		// The same terminals again (a status change that repeats the
 		// content): the editor keeps what it shows, which the watch
 		// refreshes, rather than get all their output once more with
@@ -1242,6 +1264,51 @@ func (p *Proxy) announce(sessionID, callID string, update map[string]json.RawMes
 		startWatch(p, p.metaWatches, key, &watch{p: p, sessionID: sessionID, toolCallID: callID, term: t, wake: make(chan struct{}, 1)})
 	}
 	return out
+}
+
+// sameItems reports whether two contents are the same, item by item, byte
+// for byte.
+func sameItems(a, b []json.RawMessage) bool {
+	return slices.EqualFunc(a, b, func(x, y json.RawMessage) bool { return bytes.Equal(x, y) })
+}
+
+// watchEnded keeps a text watch whose terminals have all ended and whose
+// final output the editor got, for showsEnded. p.updates is held.
+func (p *Proxy) watchEnded(w *watch) {
+	if w.term != nil || w.closed {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.endedWatches) >= maxEmbedded {
+		for k := range p.endedWatches {
+			delete(p.endedWatches, k)
+			break
+		}
+	}
+	p.endedWatches[toolCallKey{w.sessionID, w.toolCallID}] = w
+}
+
+// showsEnded reports whether an update of kind sets the content an ended
+// watch of the tool call showed, rendered as the editor has it. Anything
+// else replaces what the editor has: the ended watch is forgotten.
+// p.updates is held.
+func (p *Proxy) showsEnded(key toolCallKey, kind string, content []json.RawMessage) bool {
+	p.mu.Lock()
+	w := p.endedWatches[key]
+	p.mu.Unlock()
+	if w == nil {
+		return false
+	}
+	if kind == "tool_call_update" && sameItems(content, w.content) {
+		if shown, err := marshal(w.render()); err == nil && bytes.Equal(shown, w.shown) {
+			return true
+		}
+	}
+	p.mu.Lock()
+	delete(p.endedWatches, key)
+	p.mu.Unlock()
+	return false
 }
 
 // showAnnounced notes which of the terminals announced in a tool call
@@ -1445,6 +1512,9 @@ func (w *watch) run(ctx context.Context) {
 			// Forgotten before p.updates is released, so an update of
 			// the agent either reaches this watch in time or starts a
 			// new one.
+			if err == nil {
+				w.p.watchEnded(w)
+			}
 			w.forget()
 		}
 		w.p.updates.Unlock()

@@ -1054,6 +1054,49 @@ func TestWrapProxyUpdateRepeatingItsTerminalsKeepsTheContent(t *testing.T) {
 	}
 }
 
+// TestWrapProxyCompletionKeepsTheFinalOutput: the agent's update that
+// completes a tool call names its ended terminal again; the editor, which
+// got the final output already, gets the update without the output once
+// more. Other content afterwards still replaces it.
+func TestWrapProxyCompletionKeepsTheFinalOutput(t *testing.T) {
+	e := newFakeEngine(t)
+	pp := startProxyWith(t, e.m)
+	pp.newSession(t, "s")
+	id := pp.createTerminal(t, ``)
+	content := `[{"type":"terminal","terminalId":"` + id + `"}]`
+	send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c","title":"make","content":`+content+`}}}`+"\n")
+	if got := recv(t, pp.editor); !strings.Contains(got, `"type":"text"`) {
+		t.Fatalf("editor got %q, want the terminal as text", got)
+	}
+	e.output <- []byte("built\n")
+	close(e.output)
+	waitExited(t, e, id)
+	completed := `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call_update","toolCallId":"c","status":"completed","content":` + content + `}}}` + "\n"
+	send(t, pp.toProxyFromAgent, completed)
+	if got := recv(t, pp.editor); !strings.Contains(got, `built\n\n[exit code 0]`) {
+		t.Fatalf("editor got %q, want the final output", got)
+	}
+	want := `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call_update","toolCallId":"c","status":"completed"}}}` + "\n"
+	if got := recv(t, pp.editor); got != want {
+		t.Errorf("editor got %q, want %q", got, want)
+	}
+	// Once more: still nothing to send again.
+	send(t, pp.toProxyFromAgent, completed)
+	if got := recv(t, pp.editor); got != want {
+		t.Errorf("editor got %q, want %q", got, want)
+	}
+	note := `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call_update","toolCallId":"c","content":[{"type":"content","content":{"type":"text","text":"note"}}]}}}` + "\n"
+	send(t, pp.toProxyFromAgent, note)
+	if got := recv(t, pp.editor); got != note {
+		t.Errorf("editor got %q, want the note as sent", got)
+	}
+	// The terminal shown again after other content: its output again.
+	send(t, pp.toProxyFromAgent, completed)
+	if got := recv(t, pp.editor); !strings.Contains(got, `built\n\n[exit code 0]`) || !strings.Contains(got, `"status":"completed"`) {
+		t.Errorf("editor got %q, want the output with the update", got)
+	}
+}
+
 // TestWrapProxySessionUsedBeforeItsAnswer: a session the agent runs a
 // command in before it answers session/new was opened on the wrap's
 // workspace; the answer gives it the directories the editor named.
