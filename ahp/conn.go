@@ -25,6 +25,10 @@ type conn struct {
 	mu       sync.Mutex
 	clientID string
 	subs     map[string]bool
+	// creating are the terminals the connection's createTerminal starts,
+	// by channel, each closed once it is served or failed: a request that
+	// names one waits for it (awaitCreated).
+	creating map[string]chan struct{}
 
 	// queue holds the messages the writer has yet to send and queued their
 	// bytes; a client further behind than Config.Backlog is disconnected
@@ -46,9 +50,10 @@ type conn struct {
 	replies int
 	drained chan struct{} // capacity 1
 
-	// kills bounds the disposals under way for the connection: beyond
-	// it, the reader waits for one to end.
-	kills chan struct{}
+	// background bounds the requests served away from the reader (a
+	// terminal's start, its disposal): beyond it, the reader waits for
+	// one to end.
+	background chan struct{}
 
 	// refused is set by the reader when it refused the client's protocol
 	// versions: the connection ends once that answer is written.
@@ -65,12 +70,13 @@ type conn struct {
 
 func newConn(ctx context.Context, s *Server, ws *websocket.Conn) *conn {
 	ctx, cancel := context.WithCancel(ctx)
-	return &conn{s: s, ws: ws, subs: make(map[string]bool), wake: make(chan struct{}, 1), drained: make(chan struct{}, 1),
-		kills: make(chan struct{}, maxKills), done: make(chan struct{}), ctx: ctx, abort: cancel}
+	return &conn{s: s, ws: ws, subs: make(map[string]bool), creating: make(map[string]chan struct{}), wake: make(chan struct{}, 1), drained: make(chan struct{}, 1),
+		background: make(chan struct{}, maxBackground), done: make(chan struct{}), ctx: ctx, abort: cancel}
 }
 
-// maxKills is how many disposals of one connection run at once.
-const maxKills = 16
+// maxBackground is how many starts and disposals of terminals of one
+// connection run at once.
+const maxBackground = 16
 
 func (c *conn) subscribed(channel string) bool {
 	c.mu.Lock()
@@ -492,6 +498,9 @@ func (c *conn) handle(ctx context.Context, data []byte) {
 	case !handshake && !known:
 		rerr = &rpcError{Code: codeInvalidRequest, Message: fmt.Sprintf("%.100s: initialize (or reconnect) first", m.Method)}
 	}
+	if rerr == nil && !c.awaitCreated(ctx, m.Params) {
+		return // the connection ends
+	}
 	switch {
 	case rerr != nil:
 	case handshake || m.Method == "subscribe":
@@ -534,7 +543,35 @@ func (c *conn) handle(ctx context.Context, data []byte) {
 		delete(c.subs, p.Channel)
 		c.mu.Unlock()
 	case m.Method == "createTerminal":
-		res, rerr = c.s.createTerminal(ctx, m.Params)
+		var start func(context.Context) *rpcError
+		if start, rerr = c.s.reserveTerminal(m.Params); rerr != nil {
+			break
+		}
+		// The start (an exec, a container's start the first time) must
+		// not hold up what the client sends next, such as input to its
+		// other terminals; what it sends about this one waits for it.
+		var p struct {
+			Channel string `json:"channel"`
+		}
+		json.Unmarshal(m.Params, &p)
+		started := make(chan struct{})
+		c.mu.Lock()
+		c.creating[p.Channel] = started
+		c.mu.Unlock()
+		c.background <- struct{}{}
+		go func() {
+			defer func() { <-c.background }()
+			rerr := start(ctx)
+			c.mu.Lock()
+			delete(c.creating, p.Channel)
+			c.mu.Unlock()
+			close(started)
+			// Not the reader: the writer sends it.
+			if isRequest {
+				c.sendReply(answer(m.ID, json.RawMessage("null"), rerr))
+			}
+		}()
+		return
 	case m.Method == "disposeTerminal":
 		var kill func(context.Context) *rpcError
 		if kill, rerr = c.s.removeTerminal(m.Params); rerr != nil {
@@ -543,9 +580,9 @@ func (c *conn) handle(ctx context.Context, data []byte) {
 		// The kill (an exec in the container, then the grace period)
 		// must not hold up what the client sends next, such as input
 		// to its other terminals: the answer follows when it is done.
-		c.kills <- struct{}{}
+		c.background <- struct{}{}
 		go func() {
-			defer func() { <-c.kills }()
+			defer func() { <-c.background }()
 			// Not the reader: the writer sends it.
 			if rerr := kill(ctx); isRequest {
 				c.sendReply(answer(m.ID, json.RawMessage("null"), rerr))
@@ -562,6 +599,36 @@ func (c *conn) handle(ctx context.Context, data []byte) {
 			res = json.RawMessage("null")
 		}
 		c.reply(m.ID, res, rerr)
+	}
+}
+
+// awaitCreated waits until the terminal a request's params name as its
+// channel, if the connection is starting it, has started or failed. It
+// reports false when the connection ends meanwhile.
+func (c *conn) awaitCreated(ctx context.Context, params json.RawMessage) bool {
+	c.mu.Lock()
+	none := len(c.creating) == 0
+	c.mu.Unlock()
+	if none {
+		return true
+	}
+	var p struct {
+		Channel string `json:"channel"`
+	}
+	if json.Unmarshal(params, &p) != nil {
+		return true
+	}
+	c.mu.Lock()
+	started := c.creating[p.Channel]
+	c.mu.Unlock()
+	if started == nil {
+		return true
+	}
+	select {
+	case <-started:
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
 

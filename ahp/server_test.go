@@ -3,6 +3,7 @@ package ahp
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -215,7 +216,7 @@ func TestCreateTerminalRefusesBadParams(t *testing.T) {
 		{"channel taken", `{"channel":"ahp-terminal:/t","claim":{"kind":"client","clientId":"c"}}`, codeAlreadyExists},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, rerr := s.createTerminal(context.Background(), json.RawMessage(tc.params))
+			rerr := createTerminal(s, json.RawMessage(tc.params))
 			if rerr == nil || rerr.Code != tc.code {
 				t.Fatalf("error = %+v, want code %d", rerr, tc.code)
 			}
@@ -1515,5 +1516,57 @@ func TestURL(t *testing.T) {
 		if got := URL(tc.addr); got != tc.want {
 			t.Errorf("URL(%v) = %q, want %q", tc.addr, got, tc.want)
 		}
+	}
+}
+
+// TestCreateTerminalDoesNotHoldUpTheConnection: while a terminal starts
+// (here: its session never comes until released), the connection's other
+// requests are answered, but one that names the terminal being started
+// waits for it, and is answered after it.
+func TestCreateTerminalDoesNotHoldUpTheConnection(t *testing.T) {
+	release := make(chan struct{})
+	_, url, ctx := serveTest(t, Config{Token: "tok", Workspace: "/work", Sessions: func(ctx context.Context, dir string) (*sandbox.Session, error) {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return nil, errors.New("no engine here")
+	}})
+	ws := dialSubscribed(t, url, "c")
+	defer ws.CloseNow()
+	for _, req := range []string{
+		`{"jsonrpc":"2.0","id":10,"method":"createTerminal","params":{"channel":"ahp-terminal:/new","claim":{"kind":"client","clientId":"c"}}}`,
+		`{"jsonrpc":"2.0","id":12,"method":"ping"}`,
+		`{"jsonrpc":"2.0","id":11,"method":"subscribe","params":{"channel":"ahp-terminal:/new"}}`,
+	} {
+		if err := ws.Write(ctx, websocket.MessageText, []byte(req)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	readID := func() string {
+		t.Helper()
+		for {
+			_, msg, err := ws.Read(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var m struct {
+				ID json.RawMessage `json:"id"`
+			}
+			json.Unmarshal(msg, &m)
+			if len(m.ID) > 0 {
+				return string(m.ID) + " " + string(msg)
+			}
+		}
+	}
+	if got := readID(); !strings.HasPrefix(got, "12 ") {
+		t.Fatalf("first answer %q, want the ping's while the terminal starts", got)
+	}
+	close(release)
+	if got := readID(); !strings.HasPrefix(got, "10 ") || !strings.Contains(got, "no engine here") {
+		t.Errorf("second answer %q, want createTerminal's failure", got)
+	}
+	if got := readID(); !strings.HasPrefix(got, "11 ") || !strings.Contains(got, "unknown channel") {
+		t.Errorf("third answer %q, want the subscribe's, after the start failed", got)
 	}
 }

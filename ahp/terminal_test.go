@@ -100,7 +100,7 @@ func TestCreateTerminalWhileClosing(t *testing.T) {
 			return nil, errEngine
 		})
 		s.Close()
-		_, rerr := s.createTerminal(context.Background(), json.RawMessage(params))
+		rerr := createTerminal(s, json.RawMessage(params))
 		if rerr == nil || rerr.Code != codeInternal || !strings.Contains(rerr.Message, "closing") || asked {
 			t.Errorf("createTerminal after Close: %+v (a session asked for: %v), want refused as closing", rerr, asked)
 		}
@@ -116,7 +116,7 @@ func TestCreateTerminalWhileClosing(t *testing.T) {
 		created := make(chan struct{})
 		go func() {
 			defer close(created)
-			s.createTerminal(context.Background(), json.RawMessage(params))
+			createTerminal(s, json.RawMessage(params))
 		}()
 		<-asked
 		closed := make(chan struct{})
@@ -148,7 +148,7 @@ func TestCreateTerminalWhileClosing(t *testing.T) {
 			s.mu.Unlock()
 			return nil, errEngine
 		})
-		if _, rerr := s.createTerminal(context.Background(), json.RawMessage(params)); rerr == nil {
+		if rerr := createTerminal(s, json.RawMessage(params)); rerr == nil {
 			t.Fatal("createTerminal without a session succeeded")
 		}
 		s.mu.Lock()
@@ -167,4 +167,14 @@ func TestTermSize(t *testing.T) {
 			t.Errorf("termSize(%d, %d) = %d, %d; want %d, %d", tc.cols, tc.rows, c, r, tc.wantCols, tc.wantRows)
 		}
 	}
+}
+
+// createTerminal serves a createTerminal as a connection does: reserved,
+// then started.
+func createTerminal(s *Server, params json.RawMessage) *rpcError {
+	start, rerr := s.reserveTerminal(params)
+	if rerr != nil {
+		return rerr
+	}
+	return start(context.Background())
 }
