@@ -1,6 +1,8 @@
 package integration
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -16,6 +18,7 @@ import (
 	"github.com/moby/moby/client"
 
 	"github.com/sandboxd/sandboxd/console"
+	"github.com/sandboxd/sandboxd/images"
 )
 
 // TestRunPassesStdinWhenAsked: -i gives the command sandboxd's stdin, to
@@ -334,4 +337,52 @@ func TestRunMountsWhatFlagsGrant(t *testing.T) {
 			t.Errorf("-v %s:/g: exit %d, output %q; want 2 and a refusal", src, r.code, r.output())
 		}
 	}
+}
+
+// TestRunInAnImageOfItsOwn: an image made for a tool, with an entrypoint
+// that runs the tool and a PATH of its own, still keeps its container up
+// and runs the command given, found through the image's PATH.
+func TestRunInAnImageOfItsOwn(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const ref = "sandboxd-test/tool-image:1"
+	created, err := testEnv.cli.ContainerCreate(ctx, client.ContainerCreateOptions{Image: images.DefaultRef})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer testEnv.cli.ContainerRemove(context.Background(), created.ID, client.ContainerRemoveOptions{Force: true})
+	var layer bytes.Buffer
+	tw := tar.NewWriter(&layer)
+	tool := []byte("#!/bin/sh\necho \"the tool ran: $*\"\n")
+	for _, h := range []*tar.Header{
+		{Name: "opt/tool/", Typeflag: tar.TypeDir, Mode: 0o755},
+		{Name: "opt/tool/bin/", Typeflag: tar.TypeDir, Mode: 0o755},
+		{Name: "opt/tool/bin/mytool", Mode: 0o755, Size: int64(len(tool))},
+	} {
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tw.Write(tool)
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := testEnv.cli.CopyToContainer(ctx, created.ID, client.CopyToContainerOptions{DestinationPath: "/", Content: &layer}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := testEnv.cli.ContainerCommit(ctx, created.ID, client.ContainerCommitOptions{Reference: ref, Changes: []string{
+		`ENV PATH=/opt/tool/bin:/usr/local/bin:/usr/bin:/bin`,
+		`ENTRYPOINT ["mytool"]`,
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		testEnv.cli.ImageRemove(context.Background(), ref, client.ImageRemoveOptions{Force: true})
+	})
+	ws := workspace(t)
+	r := runSandboxd(t, ws, nil, nil, "run", "--config", testEnv.config, "--image", ref, "--", "mytool", "build")
+	if r.code != 0 || r.stdout != "the tool ran: build\n" {
+		t.Errorf("exit %d, stdout %q, stderr %q; want 0 and the tool's line", r.code, r.stdout, r.stderr)
+	}
+	assertNoContainers(t, r.pid)
 }

@@ -1598,7 +1598,9 @@ func keeperUser(user string) string {
 func containerConfig(c SessionConfig, spec SessionSpec, binds []bind, more []mount.Mount, own string, labels map[string]string) (*container.Config, *container.HostConfig) {
 	cfg := &container.Config{
 		Image: spec.Image,
-		Cmd:   []string{"sleep", "infinity"},
+		// The image's own entrypoint (a tool's image runs the tool) would
+		// take the sleep as its arguments, and the container would end.
+		Entrypoint: []string{"sleep", "infinity"},
 		// The container's own processes (its init, the sleep that keeps
 		// it up) run as own, not as the commands' user where the engine
 		// lets them: a command that signals whatever its user may (`kill
@@ -1609,9 +1611,11 @@ func containerConfig(c SessionConfig, spec SessionSpec, binds []bind, more []mou
 		// The keeper may not enter the workspace, whose owner may keep
 		// others out; every exec names its own directory.
 		WorkingDir: "/",
-		Env:        []string{"HOME=/tmp", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
-		Labels:     labels,
-		Hostname:   "sandbox",
+		// PATH is the image's (a toolchain's image adds its own bin), or
+		// the engine's default where the image sets none.
+		Env:      []string{"HOME=/tmp"},
+		Labels:   labels,
+		Hostname: "sandbox",
 	}
 	tmpfs := make(map[string]string, len(c.Scratch))
 scratch:
