@@ -261,6 +261,28 @@ func TestConfigMissingFile(t *testing.T) {
 	}
 }
 
+// TestCommandCheck: what the engine's API cannot carry, or a shell would
+// read as something else, is refused before the engine is asked.
+func TestCommandCheck(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cmd  Command
+		want string // in the error; "" for none
+	}{
+		{"plain", Command{Command: "ls", Args: []string{"-l"}, Cwd: "/w"}, ""},
+		{"no command", Command{}, "command: must not be empty"},
+		{"an option for a command", Command{Command: "-x"}, "starts with '-'"},
+		{"a NUL in an argument", Command{Command: "ls", Args: []string{"a\x00b"}}, "args[0]: contains a NUL byte"},
+		{"a cwd not UTF-8", Command{Command: "ls", Cwd: "/w/caf\xe9"}, "cwd: \"/w/caf\\xe9\" holds bytes that are not UTF-8"},
+		{"an environment name not UTF-8", Command{Command: "ls", Env: []EnvVar{{Name: "A\xff", Value: "1"}}}, "env[0]"},
+	} {
+		err := tc.cmd.Check()
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
+		}
+	}
+}
+
 func TestCommandArgv(t *testing.T) {
 	tests := []struct {
 		cmd  Command

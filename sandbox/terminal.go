@@ -220,6 +220,11 @@ func (c Command) Check() error {
 	if err := CheckString("command", c.Command); err != nil {
 		return err
 	}
+	if c.Cwd != "" {
+		if err := CheckString("cwd", c.Cwd); err != nil {
+			return err
+		}
+	}
 	if c.Command[0] == '-' {
 		// sh's exec (mergeStderr) would take it as an option of its own,
 		// and dash's takes no "--" to say otherwise; no program is named

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/moby/moby/client"
 
@@ -476,13 +477,13 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 	if cmd.Env, err = envFlags(env); err != nil {
 		return 0, err
 	}
-	if err := cmd.Check(); err != nil {
-		return 0, usageError{errors.New(sandbox.Reason(err))}
-	}
 	if workdir != "" {
 		if cmd.Cwd, err = sandbox.WorkDir(wd, string(workdir)); err != nil {
 			return 0, usageError{fmt.Errorf("-w: %w", err)}
 		}
+	}
+	if err := cmd.Check(); err != nil {
+		return 0, usageError{errors.New(sandbox.Reason(err))}
 	}
 	// A relative source is taken from the workspace as it really is: the
 	// way there may pass links of the user's, which a grant may not.
@@ -618,6 +619,11 @@ func volumeFlags(values []string, dir string) ([]sandbox.Mount, error) {
 		if len(v) > maxVolumeFlag {
 			return nil, usageError{fmt.Errorf("-v %.50q...: longer than %d bytes", v, maxVolumeFlag)}
 		}
+		if !utf8.ValidString(v) {
+			// The engine's API carries paths as JSON strings, in which
+			// such bytes become U+FFFD: another path.
+			return nil, usageError{fmt.Errorf("-v %.200q: holds bytes that are not UTF-8, which the engine's API cannot carry", v)}
+		}
 		parts := strings.Split(v, ":")
 		if len(parts) < 2 || len(parts) > 3 || parts[0] == "" || parts[1] == "" {
 			return nil, usageError{fmt.Errorf("-v %.200q: want SRC:DST[:ro|rw] (a path with a colon in it only in session.mounts)", v)}
@@ -643,7 +649,9 @@ func envFlags(values []string) ([]sandbox.EnvVar, error) {
 	var env []sandbox.EnvVar
 	for _, v := range values {
 		name, value, ok := strings.Cut(v, "=")
-		if !ok {
+		// An empty one (-e "$VAR" with VAR empty) is refused below, as
+		// docker run refuses it, not passed over.
+		if !ok && name != "" {
 			if value, ok = os.LookupEnv(name); !ok {
 				continue
 			}

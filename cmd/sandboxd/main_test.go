@@ -30,6 +30,7 @@ func TestCommandLineErrors(t *testing.T) {
 		{[]string{"run", "-h"}, 0, "Usage: sandboxd run"},
 		{[]string{"run", "-it", "--", "sh"}, 2, "-i with -t: stdin is not a terminal"},
 		{[]string{"run", "-e", "=x", "--", "true"}, 2, "sandboxd run: -e \"=x\": env.name: must not be empty"},
+		{[]string{"run", "-e", "", "--", "true"}, 2, "sandboxd run: -e \"\": env.name: must not be empty"},
 		{[]string{"run", "-e", "SANDBOXD_TERMINAL=x", "--", "true"}, 2, "SANDBOXD_TERMINAL is reserved"},
 		{[]string{"run", "-w", "/", "--", "true"}, 2, "-w: / is outside the workspace"},
 		{[]string{"run", "--", ""}, 2, "sandboxd run: command: must not be empty"},
@@ -84,6 +85,7 @@ func TestCommandLineErrors(t *testing.T) {
 		{[]string{"run", "-v", "/tmp:" + wd, "--", "true"}, 2, "target \"" + wd + "\" is or holds the workspace"},
 		{[]string{"run", "-v", "/tmp:" + filepath.Dir(wd), "--", "true"}, 2, "is or holds the workspace"},
 		{[]string{"run", "-v", strings.Repeat("x", 5000) + ":/d", "--", "true"}, 2, "longer than 4096 bytes"},
+		{[]string{"run", "-v", "/tmp/caf\xe9:/d", "--", "true"}, 2, "holds bytes that are not UTF-8"},
 		{[]string{"run", "-v", src + ":/d", "-v", src + ":/d/", "--", "true"}, 2, "sandboxd run: -v \"" + src + ":/d/\": targets \"/d\" and \"/d/\" are the same path"},
 	}
 	t.Setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
