@@ -281,8 +281,9 @@ func (t *Terminals) create(ctx context.Context, params json.RawMessage) (any, er
 
 // sessionForCreate returns the named session, opening it with the
 // configured defaults when the connection has none by that id. It mounts
-// the connection's workspace, never the directory the peer names, and
-// commands run in the request's cwd by default.
+// the connection's workspace, never the directory the peer names; a
+// command that names no cwd runs in the workspace, whichever create
+// happened to open the session (and open it again after an idle close).
 func (t *Terminals) sessionForCreate(ctx context.Context, sid, cwd string) (*sandbox.Session, error) {
 	t.mu.Lock()
 	again, ok := t.sessions[sid]
@@ -308,7 +309,7 @@ func (t *Terminals) sessionForCreate(ctx context.Context, sid, cwd string) (*san
 		}
 	}
 	spec := t.defaults
-	spec.ID, spec.Workspace, spec.Dir, spec.ExtraDirs = sid, t.workspace, cwd, nil
+	spec.ID, spec.Workspace, spec.Dir, spec.ExtraDirs = sid, t.workspace, "", nil
 	return t.open(ctx, sid, spec, nil, false)
 }
 

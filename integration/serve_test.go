@@ -35,12 +35,14 @@ func TestTerminalBasics(t *testing.T) {
 		want     string
 		wantExit string
 	}{
+		// First: the create that opens the session names a cwd, which
+		// the creates after it that name none do not inherit.
+		{"cwd", acpsdk.CreateTerminalRequest{Command: "pwd", Cwd: ptr(filepath.Join(ws, "sub dir"))}, filepath.Join(ws, "sub dir") + "\n", "exit 0"},
 		{"output and exit code", acpsdk.CreateTerminalRequest{Command: "/bin/sh", Args: []string{"-c", "echo hello; exit 3"}}, "hello\n", "exit 3"},
 		{"stderr merged", acpsdk.CreateTerminalRequest{Command: "/bin/sh", Args: []string{"-c", "echo out; echo err >&2; echo out2"}}, "out\nerr\nout2\n", "exit 0"},
 		{"args passed exactly", acpsdk.CreateTerminalRequest{Command: "printf", Args: []string{"[%s]", "a b", `it's "q"`, "$HOME", "*", ""}}, `[a b][it's "q"][$HOME][*][]`, "exit 0"},
 		{"command line runs in sh", acpsdk.CreateTerminalRequest{Command: "echo one && echo two | tr a-z A-Z"}, "one\nTWO\n", "exit 0"},
 		{"env", acpsdk.CreateTerminalRequest{Command: "/bin/sh", Args: []string{"-c", `printf '%s\n' "$GREETING"`}, Env: []acpsdk.EnvVariable{{Name: "GREETING", Value: "hi there; $x"}}}, "hi there; $x\n", "exit 0"},
-		{"cwd", acpsdk.CreateTerminalRequest{Command: "pwd", Cwd: ptr(filepath.Join(ws, "sub dir"))}, filepath.Join(ws, "sub dir") + "\n", "exit 0"},
 		{"default cwd is the workspace", acpsdk.CreateTerminalRequest{Command: "pwd"}, ws + "\n", "exit 0"},
 		{"missing command is 126 or 127", acpsdk.CreateTerminalRequest{Command: "/no/such/command"}, "", "exit 12"},
 		{"runs as the workspace owner", acpsdk.CreateTerminalRequest{Command: "id", Args: []string{"-u"}}, "1000\n", "exit 0"},
