@@ -37,6 +37,12 @@ type Agent struct {
 	// Grace is how long the agent has between SIGTERM and SIGKILL when the
 	// editor goes away.
 	Grace time.Duration
+	// Started, if set, is given the agent's pid, which is its process
+	// group's id too, once it runs: what sandboxd kills should it have to
+	// stop at once, with no time for the orderly stop. What it returns is
+	// called once the agent has been reaped, when the pid may be another
+	// process's.
+	Started func(pid int) (reaped func())
 }
 
 // Wrap starts the agent and relays between it and the editor through a
@@ -68,8 +74,11 @@ func Wrap(ctx context.Context, terms *Terminals, editor io.ReadWriteCloser, agen
 	cmd.Dir = agent.Dir
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = toAgent, fromAgent, agent.Stderr
 	// Its own process group, so the signals reach whatever it started (a
-	// launcher script's real agent) too.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// launcher script's real agent) too. Should sandboxd die without
+	// stopping it (SIGKILL, the OOM killer), it must not run on, unsandboxed:
+	// the kernel kills it then. (Pdeathsig is of the thread that starts it,
+	// and no thread of sandboxd's ends before sandboxd does.)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	// Children that keep a stderr that is not a file open must not hold
 	// Wait up.
 	cmd.WaitDelay = drainTimeout
@@ -82,6 +91,10 @@ func Wrap(ctx context.Context, terms *Terminals, editor io.ReadWriteCloser, agen
 		return 0, fmt.Errorf("start agent %q: %w", agent.Argv[0], err)
 	}
 	pid := cmd.Process.Pid
+	reaped := func() {}
+	if agent.Started != nil {
+		reaped = agent.Started(pid)
+	}
 	log = log.With("agent", agent.Argv[0], "agent_pid", pid)
 	log.Info("agent started")
 	// Told of the agent's exit without reaping it: its zombie keeps its
@@ -183,6 +196,7 @@ func Wrap(ctx context.Context, terms *Terminals, editor io.ReadWriteCloser, agen
 	// on the host, unsandboxed, once sandboxd is gone.
 	stopAgent(pid, exited, agent.Grace)
 	cmd.Wait()
+	reaped()
 	stopProxy()
 	if !relayed {
 		// Run ends within stopTimeout of its cancellation; should it not,

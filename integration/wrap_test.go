@@ -1140,3 +1140,75 @@ func TestWrapStoppedBySignal(t *testing.T) {
 	}
 	assertNoContainers(t, w.cmd.Process.Pid)
 }
+
+// TestWrapLeavesNoAgentWhenStoppedAtOnce: an agent that ignores SIGTERM,
+// and a process of its group that does too, are killed when sandboxd is
+// told a second time to stop and stops at once; and the agent itself when
+// sandboxd is killed outright (the rest of its group is then beyond
+// reach). Neither may run on, unsandboxed, on the host.
+func TestWrapLeavesNoAgentWhenStoppedAtOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		stop func(p *os.Process)
+		gone func(agent, child int) []int // the processes that must end
+	}{
+		{"signalled again", func(p *os.Process) { p.Signal(syscall.SIGTERM) }, func(agent, child int) []int { return []int{agent, child} }},
+		{"killed", func(p *os.Process) { p.Kill() }, func(agent, child int) []int { return []int{agent} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ws := workspace(t)
+			pids := filepath.Join(t.TempDir(), "pids")
+			cmd := exec.Command(testEnv.bin, "wrap", "--config", testEnv.config, "--agent-grace", "60s", "--",
+				"sh", "-c", `trap "" TERM; sleep 1000 & echo $$ $! > "$0"; wait`, pids)
+			cmd.Dir = ws
+			stdin, err := cmd.StdinPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer stdin.Close()
+			// A file, not a pipe: what the agent leaves behind of its
+			// group holds its stderr open.
+			logs, err := os.Create(filepath.Join(t.TempDir(), "stderr"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer logs.Close()
+			cmd.Stderr = logs
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan struct{})
+			go func() {
+				cmd.Wait()
+				close(done)
+			}()
+			var agent, child int
+			eventually(t, "the agent's pids", time.Minute, func() bool {
+				b, err := os.ReadFile(pids)
+				_, serr := fmt.Sscan(string(b), &agent, &child)
+				return err == nil && serr == nil
+			})
+			defer syscall.Kill(child, syscall.SIGKILL)
+			defer syscall.Kill(agent, syscall.SIGKILL)
+			tc.stop(cmd.Process)
+			// Told again until it stops at once (it waits 2 s for the
+			// orderly stop first).
+			for deadline := time.Now().Add(30 * time.Second); ; {
+				select {
+				case <-done:
+				case <-time.After(200 * time.Millisecond):
+					if time.Now().After(deadline) {
+						b, _ := os.ReadFile(logs.Name())
+						t.Fatalf("wrap did not stop:\n%s", b)
+					}
+					tc.stop(cmd.Process)
+					continue
+				}
+				break
+			}
+			for _, pid := range tc.gone(agent, child) {
+				eventually(t, fmt.Sprintf("process %d gone", pid), 10*time.Second, func() bool { return processGone(pid) })
+			}
+		})
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 	"unicode/utf8"
@@ -86,7 +87,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	defer signal.Stop(sigs)
 	finished := make(chan struct{})
 	defer close(finished)
-	go watchSignals(sigs, cancel, finished, stderr)
+	var abort abortHook
+	go watchSignals(sigs, cancel, finished, &abort, stderr)
 	// A write to a peer or pipe that went away must fail, not kill
 	// sandboxd before it removed its containers. Notify rather than
 	// Ignore: an ignored SIGPIPE would be inherited by what it starts.
@@ -99,7 +101,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	case "run":
 		code, err = cmdRun(ctx, args[1:], stdin, stdout, stderr)
 	case "wrap":
-		code, err = cmdWrap(ctx, args[1:], stdin, stdout, stderr)
+		code, err = cmdWrap(ctx, args[1:], stdin, stdout, stderr, &abort)
 	case "image":
 		err = cmdImage(ctx, args[1:], stdout, stderr)
 	case "gc":
@@ -163,7 +165,7 @@ func (c signalCause) Error() string { return "signal: " + c.sig.String() }
 // the engine. Signals that come with the first are the same request (a
 // closed terminal sends SIGHUP twice, Ctrl-C reaches npm and the sandboxd
 // it runs), and SIGHUP never escalates.
-func watchSignals(sigs <-chan os.Signal, cancel context.CancelCauseFunc, finished <-chan struct{}, stderr io.Writer) {
+func watchSignals(sigs <-chan os.Signal, cancel context.CancelCauseFunc, finished <-chan struct{}, abort *abortHook, stderr io.Writer) {
 	select {
 	case sig := <-sigs:
 		cancel(signalCause{sig})
@@ -185,6 +187,7 @@ func watchSignals(sigs <-chan os.Signal, cancel context.CancelCauseFunc, finishe
 				continue
 			}
 			fmt.Fprintln(stderr, "sandboxd: stopping at once; what it leaves behind goes at the next start, or with `sandboxd gc`")
+			abort.run()
 			s := sig.(syscall.Signal)
 			if s != syscall.SIGQUIT {
 				// Not SIGQUIT: Go's own answer to it is a dump of every
@@ -195,6 +198,30 @@ func watchSignals(sigs <-chan os.Signal, cancel context.CancelCauseFunc, finishe
 		case <-finished:
 			return
 		}
+	}
+}
+
+// abortHook is what must be done even when sandboxd stops at once: the
+// processes it started on the host (wrap's agent) are killed, not left
+// running unsandboxed. Containers are left to the next start, or gc.
+type abortHook struct {
+	mu sync.Mutex
+	fn func()
+}
+
+// set makes fn what run does.
+func (h *abortHook) set(fn func()) {
+	h.mu.Lock()
+	h.fn = fn
+	h.mu.Unlock()
+}
+
+func (h *abortHook) run() {
+	h.mu.Lock()
+	fn := h.fn
+	h.mu.Unlock()
+	if fn != nil {
+		fn()
 	}
 }
 

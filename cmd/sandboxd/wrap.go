@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"runtime"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/sandboxd/sandboxd/acp"
@@ -17,7 +18,7 @@ import (
 	"github.com/sandboxd/sandboxd/sandbox"
 )
 
-func cmdWrap(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
+func cmdWrap(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, abort *abortHook) (int, error) {
 	fs := newFlagSet("wrap", "wrap [flags] -- AGENT [ARGS...]",
 		"Starts an ACP agent and relays between it and the editor on stdin/stdout,\ntelling the agent that the client supports terminals and running every\nterminal command in the session's container.", stderr)
 	var c common
@@ -91,7 +92,13 @@ func cmdWrap(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	// the read; two spare Ps keep that path short (measured: 1.5x direct
 	// latency down to 1.4x).
 	runtime.GOMAXPROCS(runtime.GOMAXPROCS(0) + 2)
-	agent := acp.Agent{Argv: argv, Stderr: stderr, Grace: *grace}
+	agent := acp.Agent{Argv: argv, Stderr: stderr, Grace: *grace, Started: func(pid int) func() {
+		abort.set(func() {
+			syscall.Kill(-pid, syscall.SIGKILL)
+			syscall.Kill(pid, syscall.SIGKILL)
+		})
+		return func() { abort.set(nil) }
+	}}
 	if wd, err := os.Getwd(); err == nil {
 		agent.Dir = wd
 	}
