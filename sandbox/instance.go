@@ -1,8 +1,10 @@
 package sandbox
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -27,6 +29,13 @@ const (
 	// LabelBoot is the boot id of the host: a pid from another boot
 	// means nothing. Containers made before it existed lack it.
 	LabelBoot = "io.sandboxd.boot"
+	// LabelMachine tells hosts of the same name apart (cloned machines
+	// sharing a remote engine): a hash of the machine id, not the id,
+	// which is not to be shown. LabelPidNS is the pid namespace the
+	// owner's pid is of: from another, that pid cannot be checked.
+	// Containers made before they existed lack them.
+	LabelMachine = "io.sandboxd.machine"
+	LabelPidNS   = "io.sandboxd.pidns"
 )
 
 // lockDir is fixed rather than under os.TempDir: $TMPDIR differs between
@@ -39,10 +48,12 @@ const lockDir = "/tmp/sandboxd-instances"
 // when the process dies, however it dies, which is how gc tells a crashed
 // instance from a live one.
 type Instance struct {
-	ID   string
-	Host string
-	Boot string // "" when the host does not say
-	lock *os.File
+	ID      string
+	Host    string
+	Boot    string // "" when the host does not say
+	Machine string // "" when the host has no machine id
+	PidNS   string // "" when /proc does not say
+	lock    *os.File
 }
 
 // LockDir is where instances keep their liveness locks. It is shared by all
@@ -93,7 +104,7 @@ func newInstance(dir string) (*Instance, error) {
 		os.Remove(name)
 		return nil, fmt.Errorf("lock instance %s: %w", id, err)
 	}
-	return &Instance{ID: id, Host: host, Boot: bootID(), lock: f}, nil
+	return &Instance{ID: id, Host: host, Boot: bootID(), Machine: machineID(), PidNS: pidNamespace(), lock: f}, nil
 }
 
 // createLockDir makes dir when it is missing, shared by every user (1777,
@@ -175,6 +186,29 @@ func bootID() string {
 	return strings.TrimSpace(string(b))
 }
 
+// machineID identifies this machine across its boots, hashed: the machine
+// id is not to be shown to whoever may list the engine's containers. It is
+// "" where there is none (many containers).
+func machineID() string {
+	for _, name := range []string{"/etc/machine-id", "/var/lib/dbus/machine-id"} {
+		if b, err := os.ReadFile(name); err == nil && len(bytes.TrimSpace(b)) > 0 {
+			sum := sha256.Sum256(append([]byte("sandboxd instance host\x00"), bytes.TrimSpace(b)...))
+			return hex.EncodeToString(sum[:8])
+		}
+	}
+	return ""
+}
+
+// pidNamespace names this process's pid namespace, or is "" when /proc
+// does not say.
+func pidNamespace() string {
+	ns, err := os.Readlink("/proc/self/ns/pid")
+	if err != nil {
+		return ""
+	}
+	return ns
+}
+
 // Labels returns the labels of a container owned by this instance.
 func (in *Instance) Labels(session string) map[string]string {
 	l := map[string]string{
@@ -183,8 +217,10 @@ func (in *Instance) Labels(session string) map[string]string {
 		LabelHost:     in.Host,
 		LabelPid:      strconv.Itoa(os.Getpid()),
 	}
-	if in.Boot != "" {
-		l[LabelBoot] = in.Boot
+	for label, v := range map[string]string{LabelBoot: in.Boot, LabelMachine: in.Machine, LabelPidNS: in.PidNS} {
+		if v != "" {
+			l[label] = v
+		}
 	}
 	return l
 }
@@ -204,14 +240,18 @@ func (in *Instance) Close() error {
 // localHost is what gc compares a container's labels with: this host, its
 // boot, and where its instances keep their locks.
 type localHost struct {
-	name, boot, lockDir string
+	name, boot, machine, pidNS, lockDir string
 }
+
+// differs reports whether a label and what this host has for it are both
+// known and not the same.
+func differs(label, here string) bool { return label != "" && here != "" && label != here }
 
 // instanceAlive reports whether the instance that labelled a container is
 // still running. Containers of other hosts are treated as alive: their
 // owner's lock cannot be seen from here.
 func (h localHost) instanceAlive(labels map[string]string) bool {
-	if labels[LabelHost] != h.name {
+	if labels[LabelHost] != h.name || differs(labels[LabelMachine], h.machine) {
 		return true
 	}
 	id := labels[LabelInstance]
@@ -220,15 +260,19 @@ func (h localHost) instanceAlive(labels map[string]string) bool {
 	}
 	// No instance of an earlier boot still runs, whatever its lock file
 	// (one that another user's umask made unreadable) or its pid says.
-	if b := labels[LabelBoot]; b != "" && h.boot != "" && b != h.boot {
+	if differs(labels[LabelBoot], h.boot) {
 		return false
 	}
 	name := filepath.Join(h.lockDir, id+".lock")
 	// Not following a link, nor waiting on a FIFO someone put there.
 	f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if errors.Is(err, os.ErrNotExist) {
-		// Without its lock (removed, or /tmp emptied), only the pid is
-		// left.
+		// Without its lock (removed, /tmp emptied, or a /tmp of its own),
+		// only the pid is left, which means nothing from another pid
+		// namespace (sandboxd in a container of the host's name).
+		if differs(labels[LabelPidNS], h.pidNS) {
+			return true
+		}
 		pid, _ := strconv.Atoi(labels[LabelPid])
 		return pid > 0 && processExists(syscall.Kill(pid, 0))
 	}
@@ -276,7 +320,7 @@ func GC(ctx context.Context, cli *client.Client, log *slog.Logger, opts GCOption
 	if err != nil {
 		return nil, fmt.Errorf("read hostname: %w", err)
 	}
-	here := localHost{name: host, boot: bootID(), lockDir: LockDir()}
+	here := localHost{name: host, boot: bootID(), machine: machineID(), pidNS: pidNamespace(), lockDir: LockDir()}
 	if !opts.All {
 		// Locks in a directory someone else may write would decide
 		// whose containers go: none is trusted.

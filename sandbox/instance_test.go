@@ -162,12 +162,15 @@ func TestInstanceAlive(t *testing.T) {
 	if live.Boot == "" {
 		live.Boot = "boot-now" // a host that does not say
 	}
-	here := localHost{name: live.Host, boot: live.Boot, lockDir: dir}
+	here := localHost{name: live.Host, boot: live.Boot, machine: "machine-here", pidNS: "pid:[1]", lockDir: dir}
 	// No lock file: only the pid and boot are left to judge by.
-	lost := func(pid int, boot string) map[string]string {
+	lost := func(pid int, boot string, more ...string) map[string]string {
 		l := map[string]string{LabelInstance: "0123456789ab", LabelHost: live.Host, LabelPid: strconv.Itoa(pid)}
 		if boot != "" {
 			l[LabelBoot] = boot
+		}
+		for i := 0; i+1 < len(more); i += 2 {
+			l[more[i]] = more[i+1]
 		}
 		return l
 	}
@@ -183,6 +186,13 @@ func TestInstanceAlive(t *testing.T) {
 		{"lock gone, process gone", lost(noSuchPid, live.Boot), false},
 		{"lock gone, pid of another boot", lost(os.Getpid(), "boot-then"), false},
 		{"lock gone, no boot label", lost(os.Getpid(), ""), true},
+		{"lock gone, pid of this pid namespace", lost(os.Getpid(), live.Boot, LabelPidNS, "pid:[1]"), true},
+		{"lock gone, dead pid of this pid namespace", lost(noSuchPid, live.Boot, LabelPidNS, "pid:[1]"), false},
+		// Its owner may live in another container of the host's name,
+		// with a /tmp of its own: its pid says nothing here.
+		{"lock gone, pid of another pid namespace", lost(noSuchPid, live.Boot, LabelPidNS, "pid:[2]"), true},
+		{"another machine of the same name", lost(noSuchPid, "boot-there", LabelMachine, "machine-there"), true},
+		{"this machine, another boot", lost(os.Getpid(), "boot-then", LabelMachine, "machine-here"), false},
 		{"no instance id", map[string]string{LabelHost: live.Host}, false},
 	}
 	for _, tc := range tests {
@@ -216,5 +226,12 @@ func TestInstanceLabels(t *testing.T) {
 	in.Boot = ""
 	if _, ok := in.Labels("s")[LabelBoot]; ok {
 		t.Error("boot label set without a boot id")
+	}
+	in.Machine, in.PidNS = "m", "pid:[1]"
+	if l := in.Labels("s"); l[LabelMachine] != "m" || l[LabelPidNS] != "pid:[1]" {
+		t.Errorf("labels %v, want the machine and pid namespace", l)
+	}
+	if id := machineID(); len(id) != 0 && len(id) != 16 {
+		t.Errorf("machine id %q: want a 16-digit hash, or none", id)
 	}
 }
