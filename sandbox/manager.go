@@ -71,6 +71,11 @@ type Manager struct {
 	// start; nil while none is ready.
 	spare     *Session
 	spareSpec *SessionSpec
+	// spareStarting says a spare is being started; spareHopeless that
+	// the last one could not be, for good (its workspace is one no
+	// session may have). A spare that failed otherwise (an engine slow
+	// for a while) is tried again by the next session that finds none.
+	spareStarting, spareHopeless bool
 	// outputBytes is the sum of the byte limits of unreleased terminals'
 	// output buffers (server.max_output_memory bounds it).
 	outputBytes int64
@@ -364,6 +369,8 @@ func (m *Manager) reserve(key string, spec SessionSpec) (*Session, int, error) {
 	}
 	s := newSession(m, key, spec)
 	m.sessions[key] = s
+	// No spare, or one that does not fit: the next session may.
+	m.refillSpare()
 	// Close waits for the start (startSession's Done), in the caller's
 	// goroutine or in the background: a container it makes after Close
 	// gave up on it would be left running, unknown.
@@ -410,15 +417,16 @@ func spareFits(have, want SessionSpec) bool {
 func (m *Manager) KeepSpare(spec SessionSpec) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.spareSpec = &spec
+	m.spareSpec, m.spareHopeless = &spec, false
 	m.refillSpare()
 }
 
 // refillSpare starts a new spare in the background. m.mu must be held.
 func (m *Manager) refillSpare() {
-	if m.spareSpec == nil || m.closed {
+	if m.spareSpec == nil || m.closed || m.spare != nil || m.spareStarting || m.spareHopeless {
 		return
 	}
+	m.spareStarting = true
 	spec := *m.spareSpec
 	spec.ID = "spare"
 	s := newSession(m, "", spec)
@@ -427,6 +435,10 @@ func (m *Manager) refillSpare() {
 		defer m.wg.Done()
 		err := s.start(m.ctx)
 		s.markReady(err)
+		m.mu.Lock()
+		m.spareStarting = false
+		m.spareHopeless = errors.Is(err, ErrInvalid)
+		m.mu.Unlock()
 		if err != nil {
 			switch {
 			case m.ctx.Err() != nil:
