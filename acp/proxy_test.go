@@ -1159,7 +1159,8 @@ func TestWrapProxyCancelUnderAnIDInFlight(t *testing.T) {
 }
 
 // TestFailedRemovalIsTriedAgain: a container the engine failed to remove
-// when its session closed is removed on a later try.
+// when its session closed is removed on a later try, and counts as a
+// session until then.
 func TestFailedRemovalIsTriedAgain(t *testing.T) {
 	e := newFakeEngine(t)
 	pp := startProxyWith(t, e.m)
@@ -1172,10 +1173,13 @@ func TestFailedRemovalIsTriedAgain(t *testing.T) {
 	if err := pp.p.terms.CloseSession(ctx, "s"); err == nil || !strings.Contains(err.Error(), "did not receive an exit event") {
 		t.Fatalf("close with a failing removal: %v, want the engine's error", err)
 	}
+	if n := e.m.Sessions(); n != 1 {
+		t.Errorf("%d sessions while the container is still there, want 1", n)
+	}
 	deadline := time.Now().Add(10 * time.Second)
-	for e.removes.Load() < before+2 {
+	for e.removes.Load() < before+2 || e.m.Sessions() != 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("the removal was not tried again within 10s (%d tries)", e.removes.Load()-before)
+			t.Fatalf("the removal was not tried again within 10s (%d tries, %d sessions)", e.removes.Load()-before, e.m.Sessions())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

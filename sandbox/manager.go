@@ -607,13 +607,16 @@ func (m *Manager) discard(s *Session) {
 // removeLater tries again, in the background, to remove the container of s
 // whose removal failed (an engine under load may not stop a container in
 // time), rather than leave it until the next start; the exit removes what
-// is left when sandboxd stops first.
+// is left when sandboxd stops first. Until it is gone, s counts among the
+// detached: its container still counts against the limit, and what its
+// commands can write still counts in the checks of other sessions.
 func (m *Manager) removeLater(s *Session) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
 		return
 	}
+	m.detached[s] = struct{}{}
 	m.wg.Go(func() {
 		for _, wait := range []time.Duration{2 * time.Second, 10 * time.Second, 30 * time.Second} {
 			select {
@@ -624,6 +627,9 @@ func (m *Manager) removeLater(s *Session) {
 			err := s.removeContainer()
 			if err == nil {
 				m.log.Info("container removed on a later try", "session", s.ID)
+				m.mu.Lock()
+				delete(m.detached, s)
+				m.mu.Unlock()
 				return
 			}
 			m.log.Warn("remove container", "session", s.ID, "err", err)

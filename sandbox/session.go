@@ -1778,9 +1778,6 @@ func (s *Session) Close(ctx context.Context) error {
 			t.markSent(syscall.SIGKILL)
 		}
 		s.closeErr = s.removeContainer()
-		if s.closeErr != nil {
-			s.m.removeLater(s)
-		}
 		s.mu.Lock()
 		ran := s.ran
 		s.mu.Unlock()
@@ -1792,6 +1789,9 @@ func (s *Session) Close(ctx context.Context) error {
 			t.close()
 		}
 		s.m.forget(s)
+		if s.closeErr != nil {
+			s.m.removeLater(s) // among the detached again until it is gone
+		}
 		s.m.log.Info("session closed", "session", s.ID)
 	})
 	return s.closeErr
