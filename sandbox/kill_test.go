@@ -2,6 +2,8 @@ package sandbox
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -98,5 +100,29 @@ func eventually(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("no %s within 30s", what)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestKillWaitsForTheKillUnderWay: a command that exited on the first
+// signal may have left processes that ignore it; a second kill while the
+// first still works toward SIGKILL waits for it rather than report the
+// command killed.
+func TestKillWaitsForTheKillUnderWay(t *testing.T) {
+	term := &Terminal{ID: "term_x", done: make(chan struct{})}
+	close(term.done) // the command exited on SIGTERM
+	k := &killing{done: make(chan struct{})}
+	term.kill = k
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := term.Kill(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Kill during a kill under way = %v, want it to wait (here until its deadline)", err)
+	}
+	close(k.done)
+	if err := term.Kill(context.Background()); err != nil {
+		t.Errorf("Kill once the kill under way ended = %v, want its result, nil", err)
+	}
+	term.kill = nil
+	if err := term.Kill(context.Background()); err != nil {
+		t.Errorf("Kill of an exited command = %v, want nil", err)
 	}
 }

@@ -700,11 +700,10 @@ func (t *Terminal) Wait(ctx context.Context) (ExitStatus, error) {
 // they ignore), then after the grace period SIGKILL. It returns once the command has exited. Killing
 // a command that has exited does nothing.
 func (t *Terminal) Kill(ctx context.Context) error {
-	if t.Exited() {
-		return nil
-	}
 	t.mu.Lock()
 	if k := t.kill; k != nil {
+		// Under way: the command may have exited, what it left that
+		// ignores SIGTERM not yet.
 		t.mu.Unlock()
 		select {
 		case <-k.done:
@@ -712,6 +711,10 @@ func (t *Terminal) Kill(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
+	}
+	if t.Exited() {
+		t.mu.Unlock()
+		return nil
 	}
 	k := &killing{done: make(chan struct{})}
 	t.kill = k
