@@ -526,9 +526,20 @@ func matches(path string, info debInfo) error {
 
 // aptIndex asks apt which .deb it would download for pkg: its file name,
 // size and SHA256, from the package lists apt checked against Debian's
-// signatures. It reads only the local lists.
+// signatures. It reads only the local lists. apt runs in an empty
+// directory of its own: apt-get download takes its working directory for
+// its archive, and says nothing of a package whose file of the right name
+// and size lies there, which anyone who can write where sandboxd runs (a
+// workspace) could put.
 func aptIndex(ctx context.Context, pkg string) (debInfo, error) {
-	out, err := exec.CommandContext(ctx, "apt-get", "download", "--print-uris", pkg).Output()
+	dir, err := os.MkdirTemp("", "sandboxd-apt-")
+	if err != nil {
+		return debInfo{}, fmt.Errorf("apt-get download --print-uris %s: %w", pkg, err)
+	}
+	defer os.RemoveAll(dir)
+	cmd := exec.CommandContext(ctx, "apt-get", "download", "--print-uris", pkg)
+	cmd.Dir = dir
+	out, err := cmd.Output()
 	if err != nil {
 		return debInfo{}, fmt.Errorf("apt-get download --print-uris %s: %w", pkg, err)
 	}

@@ -931,3 +931,27 @@ func TestParsePrintURIs(t *testing.T) {
 		}
 	}
 }
+
+// TestAptIndexIgnoresTheWorkingDirectory: a file with the name and size of
+// the .deb apt would download, put where sandboxd happens to run, does not
+// make apt say nothing of the package (and the build use its cache
+// unchecked).
+func TestAptIndexIgnoresTheWorkingDirectory(t *testing.T) {
+	if _, err := exec.LookPath("apt-get"); err != nil {
+		t.Skip("no apt-get here")
+	}
+	ctx := context.Background()
+	info, err := aptIndex(ctx, "busybox-static")
+	if err != nil {
+		t.Skipf("apt's lists do not name busybox-static here: %v", err)
+	}
+	planted := t.TempDir()
+	if err := os.WriteFile(filepath.Join(planted, info.Name), make([]byte, info.Size), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(planted)
+	got, err := aptIndex(ctx, "busybox-static")
+	if err != nil || got != info {
+		t.Errorf("aptIndex beside a planted %s = %+v, %v; want %+v", info.Name, got, err, info)
+	}
+}
