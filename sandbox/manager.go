@@ -13,6 +13,7 @@ import (
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/api/types/system"
 	"github.com/moby/moby/client"
 	"github.com/moby/moby/client/pkg/versions"
 
@@ -142,6 +143,9 @@ func NewManager(ctx context.Context, cli *client.Client, cfg Config, log *slog.L
 	}
 	if !m.keeper {
 		m.log.Info("the engine maps user ids: the containers' own processes run as the commands' user, whose `kill -9 -1` stops a session's container")
+	}
+	for _, missing := range unenforcedLimits(info.Info) {
+		m.log.Warn("the engine cannot enforce a limit of the sessions: it drops it from every container (its kernel lacks the cgroup controller, or swap accounting)", "limit", missing)
 	}
 	if cfg.Session.Init && !m.reaper {
 		m.log.Warn("the engine's init is not tini: commands run without a reaper of their own, so a process that removes "+MarkerEnv+" from its environment can outlive its kill", "init", info.Info.InitBinary)
@@ -592,6 +596,27 @@ func (m *Manager) forget(s *Session) {
 	}
 	delete(m.detached, s)
 	m.mu.Unlock()
+}
+
+// unenforcedLimits names the session limits the engine says it cannot
+// enforce. It does not refuse them: it drops them from each container it
+// creates, with no more than a warning in the answer.
+func unenforcedLimits(info system.Info) []string {
+	var missing []string
+	for _, l := range []struct {
+		name string
+		ok   bool
+	}{
+		{"memory", info.MemoryLimit},
+		{"memory+swap (swap = memory)", info.SwapLimit},
+		{"cpus (CFS quota)", info.CPUCfsQuota && info.CPUCfsPeriod},
+		{"pids", info.PidsLimit},
+	} {
+		if !l.ok {
+			missing = append(missing, l.name)
+		}
+	}
+	return missing
 }
 
 // discard removes the container of s, which no session map holds any

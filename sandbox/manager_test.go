@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moby/moby/api/types/system"
 	"github.com/moby/moby/client"
 
 	"github.com/sandboxd/sandboxd"
@@ -547,5 +548,20 @@ func TestFailedSpareIsTriedAgain(t *testing.T) {
 			cancel()
 			m.wg.Wait()
 		})
+	}
+}
+
+func TestUnenforcedLimits(t *testing.T) {
+	all := system.Info{MemoryLimit: true, SwapLimit: true, CPUCfsQuota: true, CPUCfsPeriod: true, PidsLimit: true}
+	if got := unenforcedLimits(all); len(got) != 0 {
+		t.Errorf("an engine that enforces every limit: %v, want none", got)
+	}
+	noPids, noSwap := all, all
+	noPids.PidsLimit, noSwap.SwapLimit = false, false
+	if got := unenforcedLimits(noPids); !slices.Equal(got, []string{"pids"}) {
+		t.Errorf("no pids controller: %v, want pids", got)
+	}
+	if got := unenforcedLimits(noSwap); len(got) != 1 || !strings.HasPrefix(got[0], "memory+swap") {
+		t.Errorf("no swap accounting: %v, want memory+swap", got)
 	}
 }

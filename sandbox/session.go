@@ -790,6 +790,11 @@ func (s *Session) start(ctx context.Context) error {
 		}
 		return fmt.Errorf("open session %s: create container: %w", s.ID, EngineError(err))
 	}
+	for _, w := range created.Warnings {
+		// What the engine dropped of the container asked for (a limit
+		// its kernel cannot enforce) it says only here.
+		m.log.Warn("the engine changed the session's container", "session", s.ID, "warning", w)
+	}
 	s.mu.Lock()
 	closed := s.closed
 	s.contID = created.ID
