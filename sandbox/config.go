@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+	"github.com/distribution/reference"
 
 	"github.com/sandboxd/sandboxd/hostpath"
 	"github.com/sandboxd/sandboxd/limits"
@@ -446,6 +447,10 @@ var uidGID = regexp.MustCompile(`^[0-9]+:[0-9]+$`)
 // refuses more, at every container start or exec).
 const maxUserID = math.MaxInt32
 
+// imageID is an image's full id, which the engine takes where a reference
+// goes but a reference cannot be.
+var imageID = regexp.MustCompile(`^(sha256:)?[0-9a-f]{64}$`)
+
 func (c Config) validate(file, text string, hostCPUs int) error {
 	bad := func(key string, format string, args ...any) error {
 		return &ConfigError{File: file, Line: keyLine(text, key), Key: key, Err: fmt.Errorf(format, args...)}
@@ -453,6 +458,20 @@ func (c Config) validate(file, text string, hostCPUs int) error {
 	s := c.Session
 	if strings.TrimSpace(s.Image) == "" {
 		return bad("session.image", "must name an image, not be empty or blank")
+	}
+	for _, ref := range append([]string{s.Image}, s.Images...) {
+		// As the engine reads a reference: one it would refuse is
+		// said now, not when a peer asks for it.
+		if imageID.MatchString(ref) {
+			continue
+		}
+		if _, err := reference.ParseNormalizedNamed(ref); err != nil {
+			key := "session.images"
+			if ref == s.Image {
+				key = "session.image"
+			}
+			return bad(key, "%.200q is not an image reference: %v", ref, err)
+		}
 	}
 	if err := s.Limits().Validate(hostCPUs); err != nil {
 		return bad("session."+limitField(err), "%v", err)

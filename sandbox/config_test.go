@@ -195,6 +195,14 @@ func TestConfigOverridesAndErrors(t *testing.T) {
 		{name: "memory as a float", text: "[session]\nmemory = 1073741824.7\n", hostCPU: 2, wantErr: ":2: session.memory", msg: "whole number"},
 		{name: "a count as a float", text: "[terminal]\nmax_terminals = 1e2\n", hostCPU: 2, wantErr: ":2: terminal.max_terminals", msg: "whole number"},
 		{name: "capability prefix alone", text: "[session]\ncap_drop = [\"CAP_\"]\n", hostCPU: 2, wantErr: ":2: session.cap_drop"},
+		{name: "an image that is no reference", text: "[session]\nimage = \"My Image\"\n", hostCPU: 2, wantErr: ":2: session.image", msg: "not an image reference"},
+		{name: "an allowed image that is no reference", text: "[session]\nimages = [\"sandboxd/base:1\", \"\"]\n", hostCPU: 2, wantErr: ":2: session.images", msg: "not an image reference"},
+		{name: "images by digest, id and name", text: "[session]\nimage = \"sha256:" + strings.Repeat("ab", 32) + "\"\nimages = [\"golang:1.22@sha256:" + strings.Repeat("cd", 32) + "\", \"" + strings.Repeat("ef", 32) + "\", \"registry.example:5000/team/tool\"]\n", hostCPU: 2,
+			check: func(t *testing.T, c Config) {
+				if len(c.Session.Images) != 3 {
+					t.Errorf("images = %q", c.Session.Images)
+				}
+			}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
