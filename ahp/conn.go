@@ -558,19 +558,15 @@ func (c *conn) handle(ctx context.Context, data []byte) {
 		c.mu.Lock()
 		c.creating[p.Channel] = started
 		c.mu.Unlock()
-		c.background <- struct{}{}
-		go func() {
-			defer func() { <-c.background }()
-			rerr := start(ctx)
-			c.mu.Lock()
-			delete(c.creating, p.Channel)
-			c.mu.Unlock()
-			close(started)
-			// Not the reader: the writer sends it.
-			if isRequest {
-				c.sendReply(answer(m.ID, json.RawMessage("null"), rerr))
-			}
-		}()
+		c.serveBeside(m.ID, isRequest, func() *rpcError {
+			defer close(started)
+			defer func() {
+				c.mu.Lock()
+				delete(c.creating, p.Channel)
+				c.mu.Unlock()
+			}()
+			return start(ctx)
+		})
 		return
 	case m.Method == "disposeTerminal":
 		var kill func(context.Context) *rpcError
@@ -580,14 +576,7 @@ func (c *conn) handle(ctx context.Context, data []byte) {
 		// The kill (an exec in the container, then the grace period)
 		// must not hold up what the client sends next, such as input
 		// to its other terminals: the answer follows when it is done.
-		c.background <- struct{}{}
-		go func() {
-			defer func() { <-c.background }()
-			// Not the reader: the writer sends it.
-			if rerr := kill(ctx); isRequest {
-				c.sendReply(answer(m.ID, json.RawMessage("null"), rerr))
-			}
-		}()
+		c.serveBeside(m.ID, isRequest, func() *rpcError { return kill(ctx) })
 		return
 	case m.Method == "dispatchAction":
 		c.dispatch(m.Params)
@@ -600,6 +589,19 @@ func (c *conn) handle(ctx context.Context, data []byte) {
 		}
 		c.reply(m.ID, res, rerr)
 	}
+}
+
+// serveBeside does a request's work beside the reader, at most
+// maxBackground at once (beyond, the reader waits for one to end), and
+// answers it, null or do's error, once done: the writer sends the answer.
+func (c *conn) serveBeside(id json.RawMessage, isRequest bool, do func() *rpcError) {
+	c.background <- struct{}{}
+	go func() {
+		defer func() { <-c.background }()
+		if rerr := do(); isRequest {
+			c.sendReply(answer(id, json.RawMessage("null"), rerr))
+		}
+	}()
 }
 
 // awaitCreated waits until the terminal a request's params name as its
