@@ -1322,10 +1322,7 @@ func (p *Proxy) showAnnounced(sessionID, callID string, ids []string) {
 		if w.sessionID == sessionID && w.toolCallID == callID {
 			hidden := !slices.Contains(ids, w.term.ID)
 			if w.hidden && !hidden {
-				select {
-				case w.wake <- struct{}{}:
-				default:
-				}
+				w.wakeUp()
 			}
 			w.hidden = hidden
 		}
@@ -1447,11 +1444,17 @@ func (w *watch) setContent(content []json.RawMessage, terms []*sandbox.Terminal)
 // refresh from there. p.updates is held.
 func (w *watch) show(shown json.RawMessage) json.RawMessage {
 	w.shown, w.shownAt = shown, time.Now()
+	w.wakeUp()
+	return shown
+}
+
+// wakeUp has the watch look again at once, rather than when its terminals
+// next write.
+func (w *watch) wakeUp() {
 	select {
 	case w.wake <- struct{}{}:
 	default:
 	}
-	return shown
 }
 
 // due returns a text watch's content rendered when the editor should get
