@@ -538,8 +538,13 @@ type fakeEngine struct {
 	done     chan struct{}
 	execs    atomic.Int64
 	// failRemoves is how many container removals still fail; removes
-	// counts those asked for.
-	failRemoves, removes atomic.Int32
+	// counts those asked for. failCreates is how many creates still make
+	// their container but answer with an error (a timeout); made names
+	// the last container a create made, removedNames those removed.
+	failRemoves, removes, failCreates atomic.Int32
+	mu                                sync.Mutex
+	made                              string
+	removedNames                      []string
 }
 
 func newFakeEngine(t *testing.T, hold ...string) *fakeEngine {
@@ -664,12 +669,22 @@ func (e *fakeEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if op == "remove" {
 		e.removes.Add(1)
+		e.mu.Lock()
+		e.removedNames = append(e.removedNames, path[strings.LastIndex(path, "/")+1:])
+		e.mu.Unlock()
 		if n := e.failRemoves.Load(); n > 0 && e.failRemoves.CompareAndSwap(n, n-1) {
 			answer(500, `{"message":"could not kill container: tried to kill container, but did not receive an exit event"}`)
 			return
 		}
 	}
 	if op == "create" {
+		e.mu.Lock()
+		e.made = r.URL.Query().Get("name")
+		e.mu.Unlock()
+		if n := e.failCreates.Load(); n > 0 && e.failCreates.CompareAndSwap(n, n-1) {
+			answer(500, `{"message":"context deadline exceeded"}`)
+			return
+		}
 		answer(201, `{"Id":"0123456789abcdef0123456789abcdef","Warnings":[]}`)
 	} else {
 		w.WriteHeader(204)
@@ -1182,6 +1197,36 @@ func TestFailedRemovalIsTriedAgain(t *testing.T) {
 			t.Fatalf("the removal was not tried again within 10s (%d tries, %d sessions)", e.removes.Load()-before, e.m.Sessions())
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestFailedCreateRemovesWhatItMade: a create whose answer is an error
+// may have made its container all the same; it is removed by name, not
+// left until sandboxd exits.
+func TestFailedCreateRemovesWhatItMade(t *testing.T) {
+	e := newFakeEngine(t)
+	e.failCreates.Store(1)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := e.m.Open(ctx, "k", sandbox.SessionSpec{ID: "s", Workspace: t.TempDir()}); err == nil {
+		t.Fatal("open with a failing create succeeded")
+	}
+	e.mu.Lock()
+	made := e.made
+	e.mu.Unlock()
+	if made == "" {
+		t.Fatal("no create reached the engine")
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		e.mu.Lock()
+		removed := slices.Contains(e.removedNames, made)
+		e.mu.Unlock()
+		if removed {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("container %s of the failed create was not removed", made)
+		}
 	}
 }
 

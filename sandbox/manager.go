@@ -629,6 +629,38 @@ func (m *Manager) discard(s *Session) {
 	}
 }
 
+// removeMade removes, in the background, the container named name that
+// the engine may have made for a create whose answer was an error (it
+// timed out, the connection broke): nobody has its id, and it would stay
+// until sandboxd exits. The engine may still be making it: not found is
+// tried again a few times.
+func (m *Manager) removeMade(name string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return // the exit removes every container of the instance
+	}
+	m.wg.Go(func() {
+		for _, wait := range []time.Duration{0, 2 * time.Second, 10 * time.Second} {
+			select {
+			case <-time.After(wait):
+			case <-m.ctx.Done():
+				return
+			}
+			ctx, cancel := context.WithTimeout(m.ctx, 30*time.Second)
+			_, err := m.cli.ContainerRemove(ctx, name, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
+			cancel()
+			switch {
+			case err == nil:
+				m.log.Info("removed the container of a failed create", "container", name)
+				return
+			case !isNotFound(err):
+				m.log.Warn("remove the container of a failed create", "container", name, "err", err)
+			}
+		}
+	})
+}
+
 // removeLater tries again, in the background, to remove the container of s
 // whose removal failed (an engine under load may not stop a container in
 // time), rather than leave it until the next start; the exit removes what

@@ -788,6 +788,7 @@ func (s *Session) start(ctx context.Context) error {
 		if isNotFound(err) {
 			return fmt.Errorf("open session %s: image %s is missing: build it with `sandboxd image build` (or load it with `docker load`): %w", s.ID, spec.Image, err)
 		}
+		m.removeMade(name + "-" + suffix)
 		return fmt.Errorf("open session %s: create container: %w", s.ID, EngineError(err))
 	}
 	for _, w := range created.Warnings {
