@@ -118,6 +118,11 @@ func TestKill(t *testing.T) {
 		// the SIGKILL its parents are gone and the reaper with them:
 		// the kill finds it again as what the SIGTERM reached.
 		{"orphan removed the marker and ignores SIGTERM", "(env -u SANDBOXD_TERMINAL sh -c \"trap '' TERM; echo ready; exec sleep 303\" &); while :; do sleep 1; done", "ready\n", "sleep 303", "signal SIGTERM"},
+		// Removed the marker, and forks on SIGTERM while the command
+		// exits: the child outlives the command's reaper and is the
+		// container init's, no marker, no pid the SIGTERM reached, no
+		// descent. The kill takes what init adopted since it began.
+		{"forked on SIGTERM past the command's end", "env -u SANDBOXD_TERMINAL sh -c \"exec 2>/dev/null; trap '(exec sleep 304 &); exit 0' TERM; echo ready; while :; do sleep 1; done\" & c=$!; trap 'wait $c; exit 0' TERM; wait", "ready\n", "sleep 304", "exit 0"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
