@@ -1200,6 +1200,25 @@ func TestFailedRemovalIsTriedAgain(t *testing.T) {
 	}
 }
 
+// TestCloseLeavesAFailedRemovalToLeftovers: sandboxd stopping while a
+// container's removal waits for its next try does not report that old
+// failure: the removal of what is left at exit takes the container.
+func TestCloseLeavesAFailedRemovalToLeftovers(t *testing.T) {
+	e := newFakeEngine(t)
+	pp := startProxyWith(t, e.m)
+	pp.newSession(t, "s")
+	pp.createTerminal(t, ``)
+	e.failRemoves.Store(1)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := pp.p.terms.CloseSession(ctx, "s"); err == nil {
+		t.Fatal("close with a failing removal succeeded")
+	}
+	if err := e.m.Close(ctx); err != nil {
+		t.Errorf("Close while the removal waits for its next try: %v, want nil", err)
+	}
+}
+
 // TestFailedCreateRemovesWhatItMade: a create whose answer is an error
 // may have made its container all the same; it is removed by name, not
 // left until sandboxd exits.

@@ -40,8 +40,8 @@ type Agent struct {
 	// Started, if set, is given the agent's pid, which is its process
 	// group's id too, once it runs: what sandboxd kills should it have to
 	// stop at once, with no time for the orderly stop. What it returns is
-	// called once the agent has been reaped, when the pid may be another
-	// process's.
+	// called just before the agent is reaped, after which the pid may be
+	// another process's.
 	Started func(pid int) (reaped func())
 }
 
@@ -195,8 +195,9 @@ func Wrap(ctx context.Context, terms *Terminals, editor io.ReadWriteCloser, agen
 	// group (a launcher's real agent, its tool servers) must not stay
 	// on the host, unsandboxed, once sandboxd is gone.
 	stopAgent(pid, exited, agent.Grace)
-	cmd.Wait()
+	// Before the reap: until then the zombie holds the pid and its group.
 	reaped()
+	cmd.Wait()
 	stopProxy()
 	if !relayed {
 		// Run ends within stopTimeout of its cancellation; should it not,

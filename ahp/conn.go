@@ -558,14 +558,13 @@ func (c *conn) handle(ctx context.Context, data []byte) {
 		c.mu.Lock()
 		c.creating[p.Channel] = started
 		c.mu.Unlock()
-		c.serveBeside(m.ID, isRequest, func() *rpcError {
-			defer close(started)
-			defer func() {
-				c.mu.Lock()
-				delete(c.creating, p.Channel)
-				c.mu.Unlock()
-			}()
-			return start(ctx)
+		// Requests that wait for it are read once its answer is queued:
+		// theirs follow it.
+		c.serveBeside(m.ID, isRequest, func() *rpcError { return start(ctx) }, func() {
+			c.mu.Lock()
+			delete(c.creating, p.Channel)
+			c.mu.Unlock()
+			close(started)
 		})
 		return
 	case m.Method == "disposeTerminal":
@@ -576,7 +575,7 @@ func (c *conn) handle(ctx context.Context, data []byte) {
 		// The kill (an exec in the container, then the grace period)
 		// must not hold up what the client sends next, such as input
 		// to its other terminals: the answer follows when it is done.
-		c.serveBeside(m.ID, isRequest, func() *rpcError { return kill(ctx) })
+		c.serveBeside(m.ID, isRequest, func() *rpcError { return kill(ctx) }, nil)
 		return
 	case m.Method == "dispatchAction":
 		c.dispatch(m.Params)
@@ -594,12 +593,16 @@ func (c *conn) handle(ctx context.Context, data []byte) {
 // serveBeside does a request's work beside the reader, at most
 // maxBackground at once (beyond, the reader waits for one to end), and
 // answers it, null or do's error, once done: the writer sends the answer.
-func (c *conn) serveBeside(id json.RawMessage, isRequest bool, do func() *rpcError) {
+// then, if not nil, runs once the answer is queued.
+func (c *conn) serveBeside(id json.RawMessage, isRequest bool, do func() *rpcError, then func()) {
 	c.background <- struct{}{}
 	go func() {
 		defer func() { <-c.background }()
 		if rerr := do(); isRequest {
 			c.sendReply(answer(id, json.RawMessage("null"), rerr))
+		}
+		if then != nil {
+			then()
 		}
 	}()
 }

@@ -65,6 +65,10 @@ type Manager struct {
 	// them, and they count as sessions for the limit and for the checks
 	// of what other sessions can write.
 	detached map[*Session]struct{}
+	// retrying are the detached whose close is done but for their
+	// container, which removeLater tries again to remove; Close leaves
+	// them to removeLeftovers.
+	retrying map[*Session]bool
 	closed   bool
 	wg       sync.WaitGroup
 	// spare is a started container waiting for the next session with
@@ -439,9 +443,16 @@ func (m *Manager) refillSpare() {
 		defer m.wg.Done()
 		err := s.start(m.ctx)
 		s.markReady(err)
+		// Kept in the same hold of m.mu that ends spareStarting: a
+		// session opened in between would start cold, and another spare
+		// with it.
 		m.mu.Lock()
 		m.spareStarting = false
 		m.spareHopeless = errors.Is(err, ErrInvalid)
+		keep := err == nil && !m.closed && m.spare == nil
+		if keep {
+			m.spare = s
+		}
 		m.mu.Unlock()
 		if err != nil {
 			switch {
@@ -456,12 +467,6 @@ func (m *Manager) refillSpare() {
 			}
 			return
 		}
-		m.mu.Lock()
-		keep := !m.closed && m.spare == nil
-		if keep {
-			m.spare = s
-		}
-		m.mu.Unlock()
 		if !keep {
 			m.discard(s)
 			return
@@ -674,8 +679,18 @@ func (m *Manager) removeLater(s *Session) {
 		return
 	}
 	m.detached[s] = struct{}{}
+	if m.retrying == nil {
+		m.retrying = make(map[*Session]bool)
+	}
+	m.retrying[s] = true
 	m.wg.Go(func() {
-		for _, wait := range []time.Duration{2 * time.Second, 10 * time.Second, 30 * time.Second} {
+		// Then every minute, for as long as the container is there: it
+		// keeps its place among the sessions until it is gone.
+		for try := 0; ; try++ {
+			wait := time.Minute
+			if backoff := []time.Duration{2 * time.Second, 10 * time.Second, 30 * time.Second}; try < len(backoff) {
+				wait = backoff[try]
+			}
 			select {
 			case <-time.After(wait):
 			case <-m.ctx.Done():
@@ -686,6 +701,7 @@ func (m *Manager) removeLater(s *Session) {
 				m.log.Info("container removed on a later try", "session", s.ID)
 				m.mu.Lock()
 				delete(m.detached, s)
+				delete(m.retrying, s)
 				m.mu.Unlock()
 				return
 			}
@@ -724,7 +740,9 @@ func (m *Manager) Close(ctx context.Context) error {
 		sessions = append(sessions, s)
 	}
 	for s := range m.detached {
-		sessions = append(sessions, s)
+		if !m.retrying[s] {
+			sessions = append(sessions, s)
+		}
 	}
 	spare := m.spare
 	m.spare = nil

@@ -216,12 +216,13 @@ func (h *abortHook) set(fn func()) {
 	h.mu.Unlock()
 }
 
+// run runs the hook, holding it: a set(nil) waits, so the hook never acts
+// on what set(nil) says is gone.
 func (h *abortHook) run() {
 	h.mu.Lock()
-	fn := h.fn
-	h.mu.Unlock()
-	if fn != nil {
-		fn()
+	defer h.mu.Unlock()
+	if h.fn != nil {
+		h.fn()
 	}
 }
 
