@@ -86,11 +86,13 @@ type Proxy struct {
 	// metaWatches stream terminals announced with terminal_info.
 	textWatches map[toolCallKey]*watch
 	metaWatches map[termKey]*watch
-	// endedWatches are text watches whose terminals all ended, by tool
-	// call, at most maxEmbedded: the agent's update that completes the
-	// tool call names the same terminals again, and the editor keeps
-	// the final output it has rather than get it once more.
-	endedWatches map[toolCallKey]*watch
+	// endedWatches are the contents of text watches whose terminals all
+	// ended, as the agent sent them, by tool call, at most maxEmbedded:
+	// the agent's update that completes the tool call names the same
+	// terminals again, and the editor keeps the final output it has
+	// rather than get it once more. Only the content is kept, not the
+	// terminals, whose output is bounded elsewhere (embeddedBytes).
+	endedWatches map[toolCallKey][]json.RawMessage
 	// embedded are the terminals shown in tool calls, oldest first in
 	// embedOrder, readable after release.
 	embedded   map[termKey]*embeddedTerminal
@@ -136,7 +138,7 @@ func NewProxy(terms *Terminals, editor, agent io.ReadWriteCloser, log *slog.Logg
 		limit:          newRequestLimiter(),
 		specs:          make(map[string]sandbox.SessionSpec),
 		textWatches:    make(map[toolCallKey]*watch),
-		endedWatches:   make(map[toolCallKey]*watch),
+		endedWatches:   make(map[toolCallKey][]json.RawMessage),
 		metaWatches:    make(map[termKey]*watch),
 		embedded:       make(map[termKey]*embeddedTerminal),
 		agentTerminals: make(map[termKey]bool),
@@ -458,7 +460,7 @@ func (p *Proxy) fromAgent() error {
 		// And an ended watch must hear of the tool call's next content,
 		// lest a repeat of its terminals after other content go
 		// without their output.
-		watching = watching || len(p.endedWatches) > 0 && bytes.Contains(body, []byte("tool_call"))
+		watching = watching || len(p.endedWatches) > 0 && (bytes.Contains(body, []byte("tool_call")) || bytes.Contains(body, []byte("toolCall")))
 		p.mu.Unlock()
 		if !pending && !watching && !mayNeedProxy(body) {
 			if err := p.editor.writeRaw(line); err != nil {
@@ -548,8 +550,8 @@ func (p *Proxy) flushEnded() {
 	}
 	p.mu.Unlock()
 	for _, w := range ended {
-		if w.closed || !allEnded(w.terminals()) {
-			continue
+		if w.closed || w.hidden || !allEnded(w.terminals()) {
+			continue // a hidden one waits to be shown again (run)
 		}
 		if _, err := w.refresh(true); err != nil {
 			p.log.Debug("refresh tool call", "toolCall", w.toolCallID, "err", err)
@@ -891,6 +893,7 @@ func (p *Proxy) closeSession(id string) {
 	for _, w := range p.metaWatches {
 		if w.sessionID == id {
 			w.closed = true
+			w.wakeUp() // one waiting to be shown again ends
 		}
 	}
 	for k := range p.endedWatches {
@@ -1272,10 +1275,12 @@ func sameItems(a, b []json.RawMessage) bool {
 	return slices.EqualFunc(a, b, func(x, y json.RawMessage) bool { return bytes.Equal(x, y) })
 }
 
-// watchEnded keeps a text watch whose terminals have all ended and whose
-// final output the editor got, for showsEnded. p.updates is held.
+// watchEnded keeps the content of a text watch whose terminals have all
+// ended and whose final output the editor got, for showsEnded. A watch
+// whose content the agent replaced with none of its terminals shows none.
+// p.updates is held.
 func (p *Proxy) watchEnded(w *watch) {
-	if w.term != nil || w.closed {
+	if w.term != nil || w.closed || len(w.terms) == 0 {
 		return
 	}
 	p.mu.Lock()
@@ -1286,28 +1291,24 @@ func (p *Proxy) watchEnded(w *watch) {
 			break
 		}
 	}
-	p.endedWatches[toolCallKey{w.sessionID, w.toolCallID}] = w
+	p.endedWatches[toolCallKey{w.sessionID, w.toolCallID}] = w.content
 }
 
 // showsEnded reports whether an update of kind sets the content an ended
-// watch of the tool call showed, rendered as the editor has it. Anything
-// else replaces what the editor has: the ended watch is forgotten.
+// watch of the tool call showed, which the editor has with the terminals'
+// final output. Anything else replaces it: the ended watch is forgotten.
 // p.updates is held.
 func (p *Proxy) showsEnded(key toolCallKey, kind string, content []json.RawMessage) bool {
 	p.mu.Lock()
-	w := p.endedWatches[key]
-	p.mu.Unlock()
-	if w == nil {
+	defer p.mu.Unlock()
+	ended, ok := p.endedWatches[key]
+	if !ok {
 		return false
 	}
-	if kind == "tool_call_update" && sameItems(content, w.content) {
-		if shown, err := marshal(w.render()); err == nil && bytes.Equal(shown, w.shown) {
-			return true
-		}
+	if kind == "tool_call_update" && sameItems(content, ended) {
+		return true
 	}
-	p.mu.Lock()
 	delete(p.endedWatches, key)
-	p.mu.Unlock()
 	return false
 }
 
@@ -1505,6 +1506,19 @@ func (w *watch) run(ctx context.Context) {
 			changed[i] = t.Buffer().Changed()
 			if !t.Exited() {
 				final = false
+			}
+		}
+		if final && w.hidden && !w.closed {
+			// Its terminal ended while the tool call shows other
+			// content: the rest of its output and its exit go to the
+			// editor if it is shown again.
+			w.p.updates.Unlock()
+			select {
+			case <-w.wake:
+				continue
+			case <-ctx.Done():
+				w.forget()
+				return
 			}
 		}
 		sent, err := w.refresh(final)

@@ -1112,6 +1112,51 @@ func TestWrapProxyCompletionKeepsTheFinalOutput(t *testing.T) {
 	}
 }
 
+// TestWrapProxyEndedContentIsWhatTheEditorHas: the shortcut of
+// TestWrapProxyCompletionKeepsTheFinalOutput holds only while the editor
+// shows those terminals: not after the agent replaced them (and then sent
+// empty content), nor after a permission request showed other content.
+func TestWrapProxyEndedContentIsWhatTheEditorHas(t *testing.T) {
+	for _, tc := range []struct {
+		name, between string
+		running       bool // between comes while the terminal runs
+	}{
+		{"replaced while running, then empty", `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call_update","toolCallId":"c","content":[{"type":"content","content":{"type":"text","text":"done"}}]}}}`, true},
+		{"replaced after the end, then empty", `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call_update","toolCallId":"c","content":[{"type":"content","content":{"type":"text","text":"done"}}]}}}`, false},
+		{"a permission request with other content", `{"jsonrpc":"2.0","id":7,"method":"session/request_permission","params":{"sessionId":"s","toolCall":{"toolCallId":"c","content":[{"type":"content","content":{"type":"text","text":"allow?"}}]},"options":[]}}`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newFakeEngine(t)
+			pp := startProxyWith(t, e.m)
+			pp.newSession(t, "s")
+			id := pp.createTerminal(t, ``)
+			content := `[{"type":"terminal","terminalId":"` + id + `"}]`
+			send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c","content":`+content+`}}}`+"\n")
+			recv(t, pp.editor)
+			if !tc.running {
+				close(e.output)
+				waitExited(t, e, id)
+			}
+			send(t, pp.toProxyFromAgent, tc.between+"\n")
+			for got := recv(t, pp.editor); !strings.Contains(got, `"done"`) && !strings.Contains(got, `"allow?"`); got = recv(t, pp.editor) {
+				// the final refresh comes first
+			}
+			if tc.running {
+				close(e.output)
+				waitExited(t, e, id)
+			}
+			next := `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call_update","toolCallId":"c","content":[]}}}` + "\n"
+			if !strings.HasPrefix(tc.name, "replaced") {
+				next = `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call_update","toolCallId":"c","content":` + content + `}}}` + "\n"
+			}
+			send(t, pp.toProxyFromAgent, next)
+			if got := recv(t, pp.editor); !strings.Contains(got, `"content":[`) {
+				t.Errorf("editor got %q, want the update with its content", got)
+			}
+		})
+	}
+}
+
 // TestWrapProxySessionUsedBeforeItsAnswer: a session the agent runs a
 // command in before it answers session/new was opened on the wrap's
 // workspace; the answer gives it the directories the editor named.
@@ -1541,6 +1586,45 @@ func TestWrapProxyStreamsToZedWhatAReshownTerminalWrote(t *testing.T) {
 	}
 	if got := recv(t, pp.editor); !strings.Contains(got, "terminal_output") || !strings.Contains(got, `meanwhile\n`) {
 		t.Errorf("editor got %q, want the output written while hidden", got)
+	}
+}
+
+// TestWrapProxyTellsZedOfAnEndWhileHidden: a terminal that ended while its
+// tool call showed other content gets its last output and its exit to Zed
+// once the tool call shows it again, also after other messages passed.
+func TestWrapProxyTellsZedOfAnEndWhileHidden(t *testing.T) {
+	e := newFakeEngine(t)
+	pp := startProxyWith(t, e.m)
+	pp.rendersTerminalMeta()
+	pp.newSession(t, "s")
+	id := pp.createTerminal(t, ``)
+	update := func(content string) string {
+		return `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call_update","toolCallId":"c","content":` + content + `}}}` + "\n"
+	}
+	send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c","content":[{"type":"terminal","terminalId":"`+id+`"}]}}}`+"\n")
+	if got := recv(t, pp.editor); !strings.Contains(got, "terminal_info") {
+		t.Fatalf("editor got %q, want terminal_info", got)
+	}
+	hides := update(`[]`)
+	send(t, pp.toProxyFromAgent, hides)
+	if got := recv(t, pp.editor); got != hides {
+		t.Fatalf("editor got %q, want the update as sent", got)
+	}
+	e.output <- []byte("last words\n")
+	close(e.output)
+	waitExited(t, e, id)
+	marker := `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"next"}}}}` + "\n"
+	send(t, pp.toProxyFromAgent, marker)
+	if got := recv(t, pp.editor); got != marker {
+		t.Fatalf("editor got %q while the terminal is hidden, want the agent's line", got)
+	}
+	shows := update(`[{"type":"terminal","terminalId":"` + id + `"}]`)
+	send(t, pp.toProxyFromAgent, shows)
+	if got := recv(t, pp.editor); got != shows {
+		t.Fatalf("editor got %q, want the update as sent", got)
+	}
+	if got := recv(t, pp.editor); !strings.Contains(got, `last words\n`) || !strings.Contains(got, "terminal_exit") {
+		t.Errorf("editor got %q, want the last output and the exit", got)
 	}
 }
 
