@@ -41,6 +41,28 @@ func report(in io.Reader, out io.Writer) error {
 	w := bufio.NewWriter(out)
 	defer w.Flush()
 	held := make(map[testKey][]string) // a running test's output
+	var order []testKey                // held's keys, oldest first
+	// flush prints what tests of pkg ("" for every package) still hold:
+	// a test that never ended (a timeout's panic, os.Exit in a test)
+	// gets no fail event, and its output is the reason its package
+	// failed.
+	flush := func(pkg string) {
+		kept := order[:0]
+		for _, k := range order {
+			lines, ok := held[k]
+			switch {
+			case !ok:
+			case pkg == "" || k.pkg == pkg:
+				for _, line := range lines {
+					fmt.Fprint(w, line)
+				}
+				delete(held, k)
+			default:
+				kept = append(kept, k)
+			}
+		}
+		order = kept
+	}
 	var skipped []string
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 64<<10), 64<<20)
@@ -56,10 +78,16 @@ func report(in io.Reader, out io.Writer) error {
 		case e.Action == "build-output":
 			fmt.Fprint(w, e.Output)
 		case e.Test == "" && e.Action == "output":
+			if strings.HasPrefix(e.Output, "FAIL") {
+				flush(e.Package)
+			}
 			if e.Output != "PASS\n" {
 				fmt.Fprint(w, e.Output)
 			}
 		case e.Action == "output":
+			if _, ok := held[k]; !ok {
+				order = append(order, k)
+			}
 			held[k] = append(held[k], e.Output)
 		case e.Action == "fail" && e.Test != "":
 			for _, line := range held[k] {
@@ -77,6 +105,7 @@ func report(in io.Reader, out io.Writer) error {
 	if err := sc.Err(); err != nil {
 		return err
 	}
+	flush("")
 	fmt.Fprintf(w, "\n%d tests skipped\n", len(skipped))
 	for _, s := range skipped {
 		fmt.Fprintln(w, "  "+s)
