@@ -172,6 +172,45 @@ func TestKill(t *testing.T) {
 	}
 }
 
+// TestKillLeavesOtherCommandsAlone: while one command is being killed,
+// another command of the session ends and leaves a process without the
+// marker to the container's init, started after the kill began: it is of
+// the other command's process group, not the killed one's, and the kill
+// leaves it running.
+func TestKillLeavesOtherCommandsAlone(t *testing.T) {
+	ws := workspace(t)
+	srv := startServe(t, ws)
+	a := srv.agent()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const sid = "kill-others"
+	killed, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: sid, Command: "/bin/sh", Args: []string{"-c",
+		// On SIGTERM it waits, before it ends, until the other
+		// command's leftover is the init's.
+		`trap 'touch /tmp/got-term; until grep -qs "(sh) S 1 " /proc/[0-9]*/stat; do sleep 0.05; done; exit 0' TERM; echo ready; while :; do sleep 1; done`}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := a.CreateTerminal(ctx, acpsdk.CreateTerminalRequest{SessionId: sid, Command: "/bin/sh", Args: []string{"-c",
+		`while [ ! -e /tmp/got-term ]; do sleep 0.05; done; env -i X=1 /bin/sh -c 'sleep 305; :' &`}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "ready", 30*time.Second, func() bool {
+		out, err := a.TerminalOutput(ctx, acpsdk.TerminalOutputRequest{SessionId: sid, TerminalId: killed.TerminalId})
+		return err == nil && out.Output == "ready\n"
+	})
+	if _, err := a.KillTerminal(ctx, acpsdk.KillTerminalRequest{SessionId: sid, TerminalId: killed.TerminalId}); err != nil {
+		t.Fatalf("kill: %v", err)
+	}
+	if st, err := a.WaitForTerminalExit(ctx, acpsdk.WaitForTerminalExitRequest{SessionId: sid, TerminalId: other.TerminalId}); err != nil || exitCode(st) != "exit 0" {
+		t.Fatalf("the other command: %v, %v", exitCode(st), err)
+	}
+	if ps, _ := sh(t, ctx, a, sid, "ps -o pid,ppid,args"); !strings.Contains(ps, "sleep 305") {
+		t.Errorf("the kill took another command's process:\n%s", ps)
+	}
+}
+
 func TestReleaseMakesIDUnknown(t *testing.T) {
 	ws := workspace(t)
 	srv := startServe(t, ws)

@@ -126,3 +126,15 @@ func TestKillWaitsForTheKillUnderWay(t *testing.T) {
 		t.Errorf("Kill of an exited command = %v, want nil", err)
 	}
 }
+
+func TestPairsOnly(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"", ""},
+		{"@123 %45 %0 12:345 13:346 ", "12:345 13:346 "},
+		{"12:345 ", "12:345 "},
+	} {
+		if got := pairsOnly(tc.in); got != tc.want {
+			t.Errorf("pairsOnly(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}

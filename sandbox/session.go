@@ -1878,12 +1878,16 @@ func (s *Session) countOOMKillsLocked(n int64, now time.Time) bool {
 // process that removed the marker from its environment is still its
 // parent's child, or, once orphaned while the command runs, the child of
 // the command's own reaper (reaperPath), which carries the marker; or,
-// adopted by the container's init with no marker at all, it started after
-// the kill's first signal (the "@start" the SIGTERM pass prints with its
-// pairs, in clock ticks since boot, as /proc/PID/stat has them): forked
-// by one that removed its marker as the command, and its reaper with it,
-// ended on that signal. Another command's process that lost its reaper
-// meanwhile keeps its own marker, and is left alone. Markers
+// adopted by the container's init with no marker in an environment it
+// can read, it started after the kill's first signal and is in one of the
+// process groups that signal reached (the "@start" and "%group" the
+// SIGTERM pass prints ahead of its pairs; start times in clock ticks since
+// boot, as /proc/PID/stat has them): forked by one that removed its
+// marker as the command, and its reaper with it, ended on that signal.
+// Another command's process that lost its reaper meanwhile is of another
+// group (the reaper gives each command its own), and is left alone; with
+// no reaper every command's group is 0, which scopes nothing, and the
+// rule is off. Markers
 // are plain regular expressions (letters, digits, '_' and '='): busybox
 // grep -F stops at the first NUL of environ, its regex matcher does not.
 // A reaper is not sent SIGTERM or SIGHUP: it passes them on to its child,
@@ -1916,7 +1920,8 @@ func (s *Session) countOOMKillsLocked(n int64, now time.Time) bool {
 // has pids to spare, and looks again at once otherwise. A stat line is read whole: a command name may hold
 // a newline.
 const killScript = `sig=$1; known=" $2 "; shift 2; n=0; last=
-since=; for k in $known; do case $k in @*) since=${k#@};; esac; done
+since=; groups=" "
+for k in $known; do case $k in @*) since=${k#@};; %*) groups="$groups${k#%} ";; esac; done
 pc=/sys/fs/cgroup/pids; [ -r "$pc/pids.max" ] || pc=/sys/fs/cgroup
 room() {
   max=; cur=
@@ -1956,13 +1961,15 @@ tree() {
     case $1 in Z|X) continue;; esac
     case $known in *" $p:${20} "*) case $pids in *" $p "*) ;; *) pids="$pids$p ";; esac;; esac
     if [ "$2" = 1 ] && [ -n "$since" ] && [ "${20}" -ge "$since" ]; then
-      case $pids in *" $p "*) ;; *)
-        e=; l=
-        { while read -r l; do e="$e$l"; done; e="$e$l"; } 2>/dev/null < "$d/environ"
-        case $e in *SANDBOXD_TERMINAL=*) ;; *) pids="$pids$p ";; esac;;
+      case $groups in *" $3 "*)
+        case $pids in *" $p "*) ;; *)
+          e=; l=
+          { while read -r l; do e="$e$l"; done; e="$e$l"; } 2>/dev/null < "$d/environ"
+          case $e in ''|*SANDBOXD_TERMINAL=*) ;; *) pids="$pids$p ";; esac;;
+        esac;;
       esac
     fi
-    links="$links $p:$2:${20}"
+    links="$links $p:$2:$3:${20}"
   done
   grew=1
   while [ "$pids" != " " ] && [ $grew = 1 ]; do
@@ -1979,12 +1986,18 @@ if [ "$sig" != KILL ]; then
   send=
   for p in $pids; do case $reapers in *" $p "*) ;; *) send="$send $p";; esac; done
   [ -z "$send" ] || kill -s "$sig" $send 2>/dev/null
+  readstat /proc/$$/stat; set -- ${st##*) }
+  printf '@%s ' "${20}"
+  gs=" "
+  for l in $links; do
+    case $pids in *" ${l%%:*} "*)
+      g=${l#*:}; g=${g#*:}; g=${g%%:*}
+      case $gs in *" $g "*) ;; *) gs="$gs$g "; [ "$g" = 0 ] || printf '%%%s ' "$g";; esac;;
+    esac
+  done
   for l in $links; do
     case $pids in *" ${l%%:*} "*) printf '%s:%s ' "${l%%:*}" "${l##*:}";; esac
   done
-  readstat /proc/$$/stat; set -- ${st##*) }
-  [ -n "$since" ] || since=${20}
-  printf '@%s ' "$since"
   exit 0
 fi
 while [ "$pids" != " " ]; do

@@ -749,7 +749,7 @@ func (t *Terminal) killOnce(ctx context.Context) error {
 		if t.cmd.TTY {
 			stop = syscall.SIGHUP
 		}
-		if err := t.signalAll(kctx, stop); err != nil {
+		if err := t.signalAll(kctx, stop, false); err != nil {
 			return fmt.Errorf("kill terminal %s: %w", t.ID, err)
 		}
 		select {
@@ -759,7 +759,7 @@ func (t *Terminal) killOnce(ctx context.Context) error {
 	}
 	// Always finish with SIGKILL: children forked while SIGTERM was on its
 	// way, or that ignore it, would otherwise outlive the command.
-	if err := t.signalAll(kctx, syscall.SIGKILL); err != nil {
+	if err := t.signalAll(kctx, syscall.SIGKILL, grace > 0); err != nil {
 		return fmt.Errorf("kill terminal %s: %w", t.ID, err)
 	}
 	select {
@@ -774,11 +774,17 @@ func (t *Terminal) killOnce(ctx context.Context) error {
 // before are found again by pid and start time, so that one which removed
 // the marker and whose parent then died of the first signal still gets the
 // second.
-func (t *Terminal) signalAll(ctx context.Context, sig syscall.Signal) error {
+// The start and groups the pass before printed (killScript) are passed on
+// only when fresh, from this kill's own first pass: an older kill's would
+// widen what the SIGKILL takes to all it started since.
+func (t *Terminal) signalAll(ctx context.Context, sig syscall.Signal, fresh bool) error {
 	t.markSent(sig)
 	t.mu.Lock()
 	known := t.signalled
 	t.mu.Unlock()
+	if !fresh {
+		known = pairsOnly(known)
+	}
 	found, err := t.session.signalMarked(ctx, sig, []string{t.ID}, known)
 	if err == nil && found != "" {
 		t.mu.Lock()
@@ -790,6 +796,18 @@ func (t *Terminal) signalAll(ctx context.Context, sig syscall.Signal) error {
 		return nil
 	}
 	return err
+}
+
+// pairsOnly drops from a kill's known processes the start and groups of
+// the pass that printed them.
+func pairsOnly(known string) string {
+	var b strings.Builder
+	for f := range strings.FieldsSeq(known) {
+		if f[0] != '@' && f[0] != '%' {
+			b.WriteString(f + " ")
+		}
+	}
+	return b.String()
 }
 
 // Resize changes the size of a TTY terminal.
