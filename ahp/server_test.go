@@ -1023,13 +1023,9 @@ func TestStrangersAreBounded(t *testing.T) {
 	ws2.CloseNow()
 }
 
-// TestRefusedConnectionsAreClosed: a request that is not upgraded (no
-// upgrade headers, a foreign Origin) gets its answer and its connection
-// closed, not kept alive for the peer to hold.
-func TestRefusedConnectionsAreClosed(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	s := NewServer(ctx, Config{Token: "tok"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+// listen serves s on a free loopback port until ctx ends, and returns the
+// address it got and what Listen returned, once it has.
+func listen(ctx context.Context, s *Server) (string, <-chan error) {
 	bound := make(chan string, 1)
 	done := make(chan error, 1)
 	go func() {
@@ -1038,7 +1034,17 @@ func TestRefusedConnectionsAreClosed(t *testing.T) {
 			return nil
 		})
 	}()
-	addr := <-bound
+	return <-bound, done
+}
+
+// TestRefusedConnectionsAreClosed: a request that is not upgraded (no
+// upgrade headers, a foreign Origin) gets its answer and its connection
+// closed, not kept alive for the peer to hold.
+func TestRefusedConnectionsAreClosed(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s := NewServer(ctx, Config{Token: "tok"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	addr, done := listen(ctx, s)
 	for _, tc := range []struct{ name, req, status string }{
 		{"no upgrade", "GET / HTTP/1.1\r\nHost: x\r\n\r\n", "426"},
 		{"a foreign Origin", "GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nOrigin: http://evil.example\r\nAuthorization: Bearer tok\r\n\r\n", "403"},
@@ -1111,15 +1117,7 @@ func TestLogsNameTheBoundAddress(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s := NewServer(ctx, Config{Token: "tok"}, slog.New(slog.NewTextHandler(lines, nil)))
-	bound := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- s.Listen(ctx, "127.0.0.1:0", func(a net.Addr) error {
-			bound <- a.String()
-			return nil
-		})
-	}()
-	addr := <-bound
+	addr, done := listen(ctx, s)
 	ws, _, err := websocket.Dial(ctx, "ws://"+addr+"/", &websocket.DialOptions{HTTPHeader: http.Header{"Authorization": {"Bearer wrong"}}})
 	if err != nil {
 		t.Fatal(err)
