@@ -780,11 +780,13 @@ func (t *Terminal) killOnce(ctx context.Context) error {
 func (t *Terminal) signalAll(ctx context.Context, sig syscall.Signal, fresh bool) error {
 	t.markSent(sig)
 	t.mu.Lock()
+	if !fresh {
+		// Also dropped where they are kept: a pass that fails leaves
+		// none behind for the next.
+		t.signalled = pairsOnly(t.signalled)
+	}
 	known := t.signalled
 	t.mu.Unlock()
-	if !fresh {
-		known = pairsOnly(known)
-	}
 	found, err := t.session.signalMarked(ctx, sig, []string{t.ID}, known)
 	if err == nil && found != "" {
 		t.mu.Lock()
