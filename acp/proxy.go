@@ -460,7 +460,7 @@ func (p *Proxy) fromAgent() error {
 		// And an ended watch must hear of the tool call's next content,
 		// lest a repeat of its terminals after other content go
 		// without their output.
-		watching = watching || len(p.endedWatches) > 0 && (bytes.Contains(body, []byte("tool_call")) || bytes.Contains(body, []byte("toolCall")))
+		watching = watching || len(p.endedWatches) > 0 && containsAny(body, "tool_call", "toolCall")
 		p.mu.Unlock()
 		if !pending && !watching && !mayNeedProxy(body) {
 			if err := p.editor.writeRaw(line); err != nil {

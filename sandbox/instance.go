@@ -289,6 +289,14 @@ func (h localHost) instanceAlive(labels map[string]string) bool {
 	return false
 }
 
+// removeContainer removes container ref (an id or a name) as sandboxd
+// removes every container of its own: whatever runs in it, and its
+// anonymous volumes.
+func removeContainer(ctx context.Context, cli *client.Client, ref string) error {
+	_, err := cli.ContainerRemove(ctx, ref, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
+	return err
+}
+
 // processExists reads the result of kill(pid, 0): EPERM is a process that
 // is there but another user's.
 func processExists(err error) bool {
@@ -349,8 +357,7 @@ func GC(ctx context.Context, cli *client.Client, log *slog.Logger, opts GCOption
 		if !opts.All && here.instanceAlive(c.Labels) {
 			continue
 		}
-		_, err := cli.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
-		if err != nil && !isNotFound(err) {
+		if err := removeContainer(ctx, cli, c.ID); err != nil && !isNotFound(err) {
 			errs = append(errs, fmt.Errorf("remove container %.12s: %w", c.ID, err))
 			continue
 		}

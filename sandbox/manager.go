@@ -653,7 +653,7 @@ func (m *Manager) removeMade(name string) {
 				return
 			}
 			ctx, cancel := context.WithTimeout(m.ctx, 30*time.Second)
-			_, err := m.cli.ContainerRemove(ctx, name, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
+			err := removeContainer(ctx, m.cli, name)
 			cancel()
 			switch {
 			case err == nil:
@@ -791,7 +791,7 @@ func (m *Manager) removeLeftovers(ctx context.Context) error {
 	for _, c := range list.Items {
 		m.log.Warn("removing a container left behind", "container", c.ID[:12], "session", c.Labels[LabelSession])
 		// A conflict is a removal under way already.
-		if _, err := m.cli.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true}); err != nil && !isNotFound(err) && !cerrdefs.IsConflict(err) {
+		if err := removeContainer(ctx, m.cli, c.ID); err != nil && !isNotFound(err) && !cerrdefs.IsConflict(err) {
 			errs = append(errs, fmt.Errorf("remove leftover container %.12s: %w", c.ID, err))
 		}
 	}

@@ -1813,8 +1813,7 @@ func (s *Session) removeContainer() error {
 	// A caller's cancelled context must not leave the container behind.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.m.ctx), 30*time.Second)
 	defer cancel()
-	_, err := s.m.cli.ContainerRemove(ctx, id, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
-	if err != nil && !isNotFound(err) {
+	if err := removeContainer(ctx, s.m.cli, id); err != nil && !isNotFound(err) {
 		return fmt.Errorf("close session %s: remove container %.12s: %w", s.ID, id, err)
 	}
 	return nil
