@@ -19,7 +19,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-	"unicode/utf8"
 
 	"github.com/moby/moby/client"
 
@@ -647,10 +646,9 @@ func volumeFlags(values []string, dir string) ([]sandbox.Mount, error) {
 		if len(v) > maxVolumeFlag {
 			return nil, usageError{fmt.Errorf("-v %.50q...: longer than %d bytes", v, maxVolumeFlag)}
 		}
-		if !utf8.ValidString(v) {
-			// The engine's API carries paths as JSON strings, in which
-			// such bytes become U+FFFD: another path.
-			return nil, usageError{fmt.Errorf("-v %.200q: holds bytes that are not UTF-8, which the engine's API cannot carry", v)}
+		// As the engine's API can carry it: as the command's strings are.
+		if err := sandbox.CheckString("-v", v); err != nil {
+			return nil, usageError{errors.New(sandbox.Reason(err))}
 		}
 		parts := strings.Split(v, ":")
 		if len(parts) < 2 || len(parts) > 3 || parts[0] == "" || parts[1] == "" {
