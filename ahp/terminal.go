@@ -95,14 +95,7 @@ const (
 // container's start, and must be called: a start that fails gives the
 // channel back.
 func (s *Server) reserveTerminal(params json.RawMessage) (start func(context.Context) *rpcError, rerr *rpcError) {
-	var p struct {
-		Channel string `json:"channel"`
-		Claim   *Claim `json:"claim"`
-		Name    string `json:"name"`
-		Cwd     string `json:"cwd"`
-		Cols    uint   `json:"cols"`
-		Rows    uint   `json:"rows"`
-	}
+	var p createParams
 	if err := json.Unmarshal(params, &p); err != nil {
 		return nil, invalid("createTerminal: %v", err)
 	}
@@ -149,81 +142,95 @@ func (s *Server) reserveTerminal(params json.RawMessage) (start func(context.Con
 	s.terms[p.Channel] = t
 	s.wg.Add(1)
 	s.mu.Unlock()
-	return func(ctx context.Context) *rpcError {
-		defer s.wg.Done()
-		fail := func(e *rpcError) *rpcError {
-			s.mu.Lock()
-			if s.terms[p.Channel] == t {
-				delete(s.terms, p.Channel)
-			}
-			s.mu.Unlock()
-			close(t.ready)
-			return e
-		}
-		sess, err := s.cfg.Sessions(ctx, dir)
-		if err != nil {
-			return fail(sandboxError("createTerminal", err))
-		}
-		nonce := make([]byte, 16)
-		rand.Read(nonce)
-		t.nonce = hex.EncodeToString(nonce)
-		t.parser = osc633.NewParser(t.nonce)
-		cols, rows := termSize(p.Cols, p.Rows)
-		// The output goes to the terminal as it arrives, in the goroutine that
-		// reads it: every hop between the PTY and the clients adds latency to
-		// each keystroke. The exec's own buffer keeps nothing.
-		var limit int64
-		run, err := sess.Start(ctx, sandbox.Command{
-			Command: "/bin/sh", Args: []string{"-c", shellLauncher},
-			Env: []sandbox.EnvVar{
-				{Name: "SANDBOXD_SHELL_INTEGRATION", Value: ShellIntegration},
-				{Name: "TERM", Value: "xterm-256color"},
-			},
-			Cwd: dir, TTY: true, Cols: cols, Rows: rows, OutputLimit: &limit,
-			Stdout: ptyOutput{t},
-		})
-		if err != nil {
-			return fail(sandboxError("createTerminal", err))
-		}
-		title := p.Name
-		if title == "" {
-			title = "bash"
-		}
+	return func(ctx context.Context) *rpcError { return s.startTerminal(ctx, t, p, dir) }, nil
+}
+
+// createParams are createTerminal's params.
+type createParams struct {
+	Channel string `json:"channel"`
+	Claim   *Claim `json:"claim"`
+	Name    string `json:"name"`
+	Cwd     string `json:"cwd"`
+	Cols    uint   `json:"cols"`
+	Rows    uint   `json:"rows"`
+}
+
+// startTerminal starts the shell of t, which reserveTerminal reserved for
+// p, in dir.
+func (s *Server) startTerminal(ctx context.Context, t *terminal, p createParams, dir string) *rpcError {
+	defer s.wg.Done()
+	fail := func(e *rpcError) *rpcError {
 		s.mu.Lock()
-		if s.terms[p.Channel] != t {
-			// The server closed while the exec started. Its output, which
-			// waits for ready, is let go first (and dropped): the kill waits
-			// for it.
-			s.mu.Unlock()
-			close(t.ready)
-			sess.Release(context.WithoutCancel(ctx), run.ID)
-			return &rpcError{Code: codeInternal, Message: "createTerminal: the server is closing"}
+		if s.terms[p.Channel] == t {
+			delete(s.terms, p.Channel)
 		}
-		t.session, t.t = sess, run
-		t.state = TerminalState{Title: title, Cwd: fileURI(dir), Cols: int(cols), Rows: int(rows), Content: []ContentPart{}, Claim: *p.Claim}
-		s.terminalsChangedLocked()
-		s.wg.Add(2)
 		s.mu.Unlock()
 		close(t.ready)
-		go func() {
-			defer s.wg.Done()
-			t.wait()
-		}()
-		go func() {
-			defer s.wg.Done()
-			t.writeInput()
-		}()
-		time.AfterFunc(launchTimeout, func() {
-			select {
-			case <-t.gate:
-			case <-t.t.Done():
-			default:
-				s.log.Warn("ahp terminal: the shell's launcher did not answer; input goes in unguarded", "terminal", t.uri)
-				t.open()
-			}
-		})
-		return nil
-	}, nil
+		return e
+	}
+	sess, err := s.cfg.Sessions(ctx, dir)
+	if err != nil {
+		return fail(sandboxError("createTerminal", err))
+	}
+	nonce := make([]byte, 16)
+	rand.Read(nonce)
+	t.nonce = hex.EncodeToString(nonce)
+	t.parser = osc633.NewParser(t.nonce)
+	cols, rows := termSize(p.Cols, p.Rows)
+	// The output goes to the terminal as it arrives, in the goroutine that
+	// reads it: every hop between the PTY and the clients adds latency to
+	// each keystroke. The exec's own buffer keeps nothing.
+	var limit int64
+	run, err := sess.Start(ctx, sandbox.Command{
+		Command: "/bin/sh", Args: []string{"-c", shellLauncher},
+		Env: []sandbox.EnvVar{
+			{Name: "SANDBOXD_SHELL_INTEGRATION", Value: ShellIntegration},
+			{Name: "TERM", Value: "xterm-256color"},
+		},
+		Cwd: dir, TTY: true, Cols: cols, Rows: rows, OutputLimit: &limit,
+		Stdout: ptyOutput{t},
+	})
+	if err != nil {
+		return fail(sandboxError("createTerminal", err))
+	}
+	title := p.Name
+	if title == "" {
+		title = "bash"
+	}
+	s.mu.Lock()
+	if s.terms[p.Channel] != t {
+		// The server closed while the exec started. Its output, which
+		// waits for ready, is let go first (and dropped): the kill waits
+		// for it.
+		s.mu.Unlock()
+		close(t.ready)
+		sess.Release(context.WithoutCancel(ctx), run.ID)
+		return &rpcError{Code: codeInternal, Message: "createTerminal: the server is closing"}
+	}
+	t.session, t.t = sess, run
+	t.state = TerminalState{Title: title, Cwd: fileURI(dir), Cols: int(cols), Rows: int(rows), Content: []ContentPart{}, Claim: *p.Claim}
+	s.terminalsChangedLocked()
+	s.wg.Add(2)
+	s.mu.Unlock()
+	close(t.ready)
+	go func() {
+		defer s.wg.Done()
+		t.wait()
+	}()
+	go func() {
+		defer s.wg.Done()
+		t.writeInput()
+	}()
+	time.AfterFunc(launchTimeout, func() {
+		select {
+		case <-t.gate:
+		case <-t.t.Done():
+		default:
+			s.log.Warn("ahp terminal: the shell's launcher did not answer; input goes in unguarded", "terminal", t.uri)
+			t.open()
+		}
+	})
+	return nil
 }
 
 // writeInput writes queued input to the PTY until the terminal ends,
