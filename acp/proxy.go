@@ -20,7 +20,6 @@ import (
 
 	"github.com/sourcegraph/jsonrpc2"
 
-	"github.com/sandboxd/sandboxd/idlespin"
 	"github.com/sandboxd/sandboxd/sandbox"
 )
 
@@ -56,8 +55,6 @@ type Proxy struct {
 	agent  *LineStream // reads the agent's messages, writes to the agent
 	log    *slog.Logger
 	ctx    context.Context // set by Run; background work ends with it
-	// spin keeps CPUs awake for the next message after each one relayed.
-	spin *idlespin.Spinner
 
 	// updates is held while a session/update that shows terminals is
 	// rewritten and written, and while a watch renders and writes a
@@ -292,10 +289,6 @@ func mayConcernProxy(line []byte) bool {
 // the stream it returns closed.
 func (p *Proxy) next(s *LineStream, side string, closed error) ([]byte, error) {
 	for {
-		// Here, once the last message went on: its answer is what the
-		// CPUs are kept awake for, and waking the spinners costs no
-		// message it passes on.
-		p.spin.Touch()
 		line, err := s.readRaw()
 		if errors.Is(err, errTooLong) {
 			p.log.Warn("dropped an over-long message from the " + side)

@@ -23,7 +23,7 @@ import (
 
 	"github.com/sourcegraph/jsonrpc2"
 
-	"github.com/sandboxd/sandboxd/loglimit"
+	"github.com/sandboxd/sandboxd/internal/loglimit"
 	"github.com/sandboxd/sandboxd/sandbox"
 )
 

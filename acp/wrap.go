@@ -14,7 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/sandboxd/sandboxd/idlespin"
 	"github.com/sandboxd/sandboxd/limits"
 	"github.com/sandboxd/sandboxd/sandbox"
 	"golang.org/x/sys/unix"
@@ -47,12 +46,11 @@ type Agent struct {
 
 // Wrap starts the agent and relays between it and the editor through a
 // Proxy until one side ends. Sessions get their image, network and limits
-// from the terminal service's defaults; spin, if not nil, is touched at
-// each message relayed. It returns the agent's exit code (128+n for a
+// from the terminal service's defaults. It returns the agent's exit code (128+n for a
 // signal) when the agent ended, and 0 when the editor did; the agent has
 // exited either way. The caller then closes the manager, which removes every
 // container of the wrap.
-func Wrap(ctx context.Context, terms *Terminals, editor io.ReadWriteCloser, agent Agent, spin *idlespin.Spinner, log *slog.Logger) (int, error) {
+func Wrap(ctx context.Context, terms *Terminals, editor io.ReadWriteCloser, agent Agent, log *slog.Logger) (int, error) {
 	if len(agent.Argv) == 0 {
 		return 0, errors.New("start agent: no agent command given")
 	}
@@ -113,7 +111,6 @@ func Wrap(ctx context.Context, terms *Terminals, editor io.ReadWriteCloser, agen
 		terms.m.KeepSpare(sandbox.SessionSpec{ID: "spare", Workspace: terms.workspace, Image: defaults.Image, Network: defaults.Network})
 	}
 	p := NewProxy(terms, editor, pipe{agentOut, agentIn}, log)
-	p.spin = spin
 	pctx, stopProxy := context.WithCancel(ctx)
 	defer stopProxy()
 	ended := make(chan error, 1)

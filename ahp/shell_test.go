@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/ahp/osc633"
-	"github.com/sandboxd/sandboxd/console"
+	"github.com/sandboxd/sandboxd/internal/console"
 )
 
 // TestShellIntegrationEscapesWhatEndsASequence: a directory name or a

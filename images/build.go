@@ -28,7 +28,7 @@ import (
 	"github.com/distribution/reference"
 	"github.com/moby/moby/client"
 
-	"github.com/sandboxd/sandboxd/hostpath"
+	"github.com/sandboxd/sandboxd/internal/hostpath"
 	"github.com/sandboxd/sandboxd/sandbox"
 )
 

@@ -17,8 +17,8 @@ import (
 
 	"github.com/moby/moby/client"
 
-	"github.com/sandboxd/sandboxd/console"
 	"github.com/sandboxd/sandboxd/images"
+	"github.com/sandboxd/sandboxd/internal/console"
 )
 
 // TestRunPassesStdinWhenAsked: -i gives the command sandboxd's stdin, to

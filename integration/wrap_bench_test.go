@@ -3,9 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -58,11 +56,9 @@ func startPair(b *testing.B, ws string, argv ...string) (*acpsdk.ClientSideConne
 // BenchmarkWrapRelay compares 10,000 small request/response round trips
 // from an editor to the agent through `sandboxd wrap` with the same editor
 // and agent connected directly, with a relay that only copies lines
-// (testrelay), the floor for any process in the path without busy
-// polling, and with wrap whose busy polling is off (server.busy_poll =
-// "0s"). The four take turns in blocks of 100 so all see the same
-// machine. It also reports each wrap's CPU time per round trip, its busy
-// polling helper's included.
+// (testrelay), the floor for any process in the path. The three take
+// turns in blocks of 100 so all see the same machine. It also reports
+// wrap's CPU time per round trip.
 func BenchmarkWrapRelay(b *testing.B) {
 	const trips, block = 10000, 100
 	agentBin, err := testAgent()
@@ -74,37 +70,22 @@ func BenchmarkWrapRelay(b *testing.B) {
 		b.Fatal(err)
 	}
 	ws := workspace(b)
-	noPoll := filepath.Join(b.TempDir(), "sandbox.toml")
-	if err := os.WriteFile(noPoll, []byte(testConfig+"[server]\nbusy_poll = \"0s\"\n"), 0o644); err != nil {
-		b.Fatal(err)
-	}
 	type pair struct {
 		conn *acpsdk.ClientSideConnection
 		sid  acpsdk.SessionId
 		pid  int // of wrap
 		d    []time.Duration
 	}
-	wrapPair := func(flags ...string) *pair {
-		w := startWrapWith(b, ws, acpsdk.ClientCapabilities{}, false, flags...)
-		return &pair{conn: w.conn, sid: w.newSession(b, context.Background(), ws), pid: w.cmd.Process.Pid}
-	}
 	direct, relay := &pair{}, &pair{}
 	direct.conn, direct.sid = startPair(b, ws, agentBin)
 	relay.conn, relay.sid = startPair(b, ws, relayBin, agentBin)
-	polled, unpolled := wrapPair(), wrapPair("--config", noPoll)
+	w := startWrapWith(b, ws, acpsdk.ClientCapabilities{}, false)
+	wrapped := &pair{conn: w.conn, sid: w.newSession(b, context.Background(), ws), pid: w.cmd.Process.Pid}
 	ctx := context.Background()
-	// wrap's CPU time, its busy-polling helper's included.
-	cpuOf := func(pid int) time.Duration {
-		d := procCPU(b, pid)
-		for _, helper := range spinHelpers(b, pid) {
-			d += procCPU(b, helper)
-		}
-		return d
-	}
-	cpu0, cpuNoPoll0 := cpuOf(polled.pid), cpuOf(unpolled.pid)
+	cpu0 := procCPU(b, wrapped.pid)
 	for range b.N {
 		for range trips / block {
-			for _, p := range []*pair{direct, relay, unpolled, polled} {
+			for _, p := range []*pair{direct, relay, wrapped} {
 				for range block {
 					t0 := time.Now()
 					if _, err := p.conn.SetSessionMode(ctx, acpsdk.SetSessionModeRequest{SessionId: p.sid, ModeId: "default"}); err != nil {
@@ -115,19 +96,16 @@ func BenchmarkWrapRelay(b *testing.B) {
 			}
 		}
 	}
-	cpu, cpuNoPoll := cpuOf(polled.pid)-cpu0, cpuOf(unpolled.pid)-cpuNoPoll0
+	cpu := procCPU(b, wrapped.pid) - cpu0
 	us := func(d time.Duration) float64 { return float64(d) / 1e3 }
-	dp, rp, wp, np := p50(direct.d), p50(relay.d), p50(polled.d), p50(unpolled.d)
+	dp, rp, wp := p50(direct.d), p50(relay.d), p50(wrapped.d)
 	b.ReportMetric(us(dp), "direct-p50-µs")
 	b.ReportMetric(us(rp), "copy-relay-p50-µs")
 	b.ReportMetric(us(wp), "wrap-p50-µs")
-	b.ReportMetric(us(np), "wrap-nopoll-p50-µs")
 	b.ReportMetric(float64(wp)/float64(dp), "wrap/direct")
-	b.ReportMetric(float64(np)/float64(dp), "wrap-nopoll/direct")
 	b.ReportMetric(float64(rp)/float64(dp), "copy-relay/direct")
-	b.ReportMetric(float64(np)/float64(rp), "wrap-nopoll/copy-relay")
+	b.ReportMetric(float64(wp)/float64(rp), "wrap/copy-relay")
 	b.ReportMetric(us(cpu)/float64(b.N*trips), "wrap-cpu-µs/trip")
-	b.ReportMetric(us(cpuNoPoll)/float64(b.N*trips), "wrap-nopoll-cpu-µs/trip")
 }
 
 // procCPU returns the CPU time a process has used, its threads' together.

@@ -12,7 +12,6 @@ import (
 	"reflect"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -288,81 +287,6 @@ func TestWrapFlagsHoldForEverySession(t *testing.T) {
 			t.Errorf("%s: %q, want pids.max 48", verb, got)
 		}
 	}
-}
-
-// TestWrapBusyPolls: wrap starts a helper process (sandboxd-spin) whose
-// threads keep CPUs awake after the messages it relays
-// (server.busy_poll), and none with busy_poll = "0s".
-func TestWrapBusyPolls(t *testing.T) {
-	ws := workspace(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	relay := func(w *wrapped, sid acpsdk.SessionId) {
-		for range 100 {
-			if _, err := w.conn.SetSessionMode(ctx, acpsdk.SetSessionModeRequest{SessionId: sid, ModeId: "default"}); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	w := startWrap(t, ws, acpsdk.ClientCapabilities{})
-	sid := w.newSession(t, ctx, ws)
-	helpers := spinHelpers(t, w.cmd.Process.Pid)
-	if logs := w.logs.String(); strings.Contains(logs, "busy polling: off under the CPU quota") || strings.Contains(logs, "busy polling: cannot tell whether") {
-		// Its cgroup has a quota, which spinning would use up, or this
-		// machine's cgroups do not show.
-		t.Logf("no busy polling on this machine: %s", logs)
-		if len(helpers) != 0 {
-			t.Errorf("busy-polling helper %v without busy polling", helpers)
-		}
-	} else {
-		if len(helpers) != 1 {
-			t.Fatalf("busy-polling helpers %v, want one; log:\n%s", helpers, w.logs.String())
-		}
-		// It spins while wrap relays: at SCHED_IDLE, as long as the
-		// machine has CPU time nobody else wants.
-		before := procCPU(t, helpers[0])
-		eventually(t, "the helper spins while wrap relays", time.Minute, func() bool {
-			relay(w, sid)
-			return procCPU(t, helpers[0]) > before
-		})
-	}
-	w.stop(t)
-	for _, pid := range helpers {
-		if name, _, ok := procStat(pid); ok && name == "sandboxd-spin" {
-			t.Errorf("busy-polling helper %d outlived wrap", pid)
-		}
-	}
-
-	off := filepath.Join(t.TempDir(), "sandbox.toml")
-	if err := os.WriteFile(off, []byte(testConfig+"[server]\nbusy_poll = \"0s\"\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	w = startWrapWith(t, ws, acpsdk.ClientCapabilities{}, false, "--config", off)
-	relay(w, w.newSession(t, ctx, ws))
-	if got := spinHelpers(t, w.cmd.Process.Pid); len(got) != 0 {
-		t.Errorf("busy_poll = \"0s\": busy-polling helper %v", got)
-	}
-}
-
-// spinHelpers returns the pids of the busy-polling helpers (by their
-// name) that process parent started.
-func spinHelpers(t testing.TB, parent int) []int {
-	t.Helper()
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var pids []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if name, f, ok := procStat(pid); ok && name == "sandboxd-spin" && f[1] == strconv.Itoa(parent) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
 }
 
 // TestWrapSharesTheAgentsContainerOverAHP: a person opens an AHP terminal

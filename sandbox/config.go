@@ -17,7 +17,7 @@ import (
 	"github.com/BurntSushi/toml"
 	"github.com/distribution/reference"
 
-	"github.com/sandboxd/sandboxd/hostpath"
+	"github.com/sandboxd/sandboxd/internal/hostpath"
 	"github.com/sandboxd/sandboxd/limits"
 )
 
@@ -170,7 +170,6 @@ type ServerConfig struct {
 	MaxSessions     Count    `toml:"max_sessions"`
 	IdleTimeout     Duration `toml:"idle_timeout"`
 	MaxOutputMemory ByteSize `toml:"max_output_memory"`
-	BusyPoll        Duration `toml:"busy_poll"`
 }
 
 // guardsGit reports whether git metadata gets read-only mounts: asked for,
@@ -553,9 +552,6 @@ func (c Config) validate(file, text string, hostCPUs int) error {
 	if t.MaxOutputByteLimit > 1<<30 {
 		return bad("terminal.max_output_byte_limit", "%s is above the 1GiB a terminal may hold", t.MaxOutputByteLimit)
 	}
-	if time.Duration(c.Server.BusyPoll) > maxBusyPoll {
-		return bad("server.busy_poll", "%s is above the maximum of %s", time.Duration(c.Server.BusyPoll), maxBusyPoll)
-	}
 	if c.Server.MaxOutputMemory < t.MaxOutputByteLimit {
 		return bad("server.max_output_memory", "%s is below terminal.max_output_byte_limit %s", c.Server.MaxOutputMemory, t.MaxOutputByteLimit)
 	}
@@ -565,10 +561,6 @@ func (c Config) validate(file, text string, hostCPUs int) error {
 // maxKillGrace bounds how long a kill, and so a shutdown, waits for a
 // command to end after SIGTERM.
 const maxKillGrace = 5 * time.Minute
-
-// maxBusyPoll bounds the window of busy polling: longer, the threads spin
-// through pauses between messages, which no wake-up is saved in.
-const maxBusyPoll = 10 * time.Millisecond
 
 // validateScratch refuses scratch paths the engine would mount twice, or
 // that checkContainerPath refuses.

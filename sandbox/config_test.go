@@ -45,7 +45,6 @@ func TestDefaultConfig(t *testing.T) {
 		{"max sessions", int(cfg.Server.MaxSessions), 16},
 		{"idle timeout", time.Duration(cfg.Server.IdleTimeout), 30 * time.Minute},
 		{"max output memory", int64(cfg.Server.MaxOutputMemory), int64(1 << 30)},
-		{"busy poll", time.Duration(cfg.Server.BusyPoll), 200 * time.Microsecond},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -170,8 +169,6 @@ func TestConfigOverridesAndErrors(t *testing.T) {
 					t.Errorf("kill grace = %v", time.Duration(c.Terminal.KillGrace))
 				}
 			}},
-		{name: "busy poll above its maximum", text: "[server]\nbusy_poll = \"11ms\"\n", hostCPU: 2, wantErr: ":2: server.busy_poll", msg: "above the maximum of 10ms"},
-		{name: "busy poll negative", text: "[server]\nbusy_poll = \"-1ms\"\n", hostCPU: 2, wantErr: ":2: server.busy_poll", msg: "must not be negative"},
 		{name: "kill grace above its maximum", text: "[terminal]\nkill_grace = \"5m1s\"\n", hostCPU: 2, wantErr: ":2: terminal.kill_grace", msg: "above the maximum of 5m0s"},
 		{name: "capabilities as the engine takes them", text: "[session]\ncap_drop = [\"all\", \"NET_RAW\", \"cap_sys_admin\", \"CAP_CHECKPOINT_RESTORE\"]\n", hostCPU: 2,
 			check: func(t *testing.T, c Config) {

@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/sandboxd/sandboxd/console"
+	"github.com/sandboxd/sandboxd/internal/console"
 )
 
 // Run runs one command in a fresh session and removes the session's

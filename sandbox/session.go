@@ -21,8 +21,8 @@ import (
 	"github.com/moby/moby/client"
 	"golang.org/x/sys/unix"
 
+	"github.com/sandboxd/sandboxd/internal/mountinfo"
 	"github.com/sandboxd/sandboxd/limits"
-	"github.com/sandboxd/sandboxd/mountinfo"
 )
 
 // SessionSpec says what container a session gets. Zero fields take the

@@ -19,7 +19,7 @@ import (
 	"github.com/moby/moby/api/pkg/stdcopy"
 	"github.com/moby/moby/client"
 
-	"github.com/sandboxd/sandboxd/console"
+	"github.com/sandboxd/sandboxd/internal/console"
 )
 
 // MarkerEnv is set in every command's environment to the terminal id. Every

@@ -24,9 +24,8 @@ import (
 
 	"github.com/sandboxd/sandboxd"
 	"github.com/sandboxd/sandboxd/acp"
-	"github.com/sandboxd/sandboxd/console"
-	"github.com/sandboxd/sandboxd/idlespin"
 	"github.com/sandboxd/sandboxd/images"
+	"github.com/sandboxd/sandboxd/internal/console"
 	"github.com/sandboxd/sandboxd/limits"
 	"github.com/sandboxd/sandboxd/sandbox"
 )
@@ -46,10 +45,6 @@ Run 'sandboxd COMMAND -h' (or 'sandboxd help COMMAND') for a command's flags.
 `
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == idlespin.HelperCommand {
-		// wrap's busy-polling helper, started by idlespin.New.
-		os.Exit(idlespin.RunHelper(os.Args[2:]))
-	}
 	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 }
 

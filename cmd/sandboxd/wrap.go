@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/sandboxd/sandboxd/acp"
-	"github.com/sandboxd/sandboxd/idlespin"
 	"github.com/sandboxd/sandboxd/sandbox"
 )
 
@@ -56,13 +55,11 @@ func cmdWrap(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	}
 	defer closeLog()
 	var workspace string
-	var busyPoll time.Duration
 	m, err := c.setup(ctx, stderr, log, defaults.Image, ah.private(), func(cfg *sandbox.Config) error {
 		// An editor may start its agent anywhere, the user's home
 		// included; its sessions name their own directories. AHP's
 		// terminals need the served workspace, though.
 		cfg.FallbackWorkspace = ah.listen == ""
-		busyPoll = time.Duration(cfg.Server.BusyPoll)
 		var err error
 		if workspace, err = cfg.ServedWorkspace(); err != nil {
 			return err
@@ -78,14 +75,6 @@ func cmdWrap(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 		return 0, err
 	}
 	defer closeManager(m, log)
-	spin, err := idlespin.New(ctx, min(runtime.NumCPU(), 2), busyPoll, log)
-	switch {
-	case errors.Is(err, idlespin.ErrCPUQuota):
-		log.Info(err.Error())
-	case err != nil:
-		log.Warn(err.Error())
-	}
-	defer spin.Close()
 	// The relay's two readers spend their idle time blocked in read(2),
 	// each holding a P. With no P left idle the runtime takes theirs away,
 	// and every message then wakes a second thread on its way back from
@@ -113,7 +102,7 @@ func cmdWrap(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	defer cancel()
 	editor := acp.NewStdio(stdin, stdout)
 	defer editor.Close()
-	return acp.Wrap(ctx, terms, editor, agent, spin, log)
+	return acp.Wrap(ctx, terms, editor, agent, log)
 }
 
 // sessionFlags override the configured image, network and limits of every
