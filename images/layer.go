@@ -2,13 +2,21 @@ package images
 
 import (
 	"archive/tar"
+	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"os/exec"
 	"path"
+	"runtime"
 	"slices"
+	"sort"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -93,4 +101,108 @@ func withParents(entries []Entry) []Entry {
 	}
 	slices.SortFunc(out, func(a, b Entry) int { return strings.Compare(a.Path, b.Path) })
 	return out
+}
+
+// listApplets asks the staged static busybox, which runs on the host too,
+// for its applets.
+func listApplets(ctx context.Context, busybox, staging string) ([]string, error) {
+	out, err := exec.CommandContext(ctx, busybox, "--list-full").Output()
+	if errors.Is(err, syscall.EACCES) {
+		return nil, fmt.Errorf("list busybox-static's applets: %w: the staging dir %s is on a noexec mount; set XDG_CACHE_HOME (or Builder.CacheDir) to a directory on a mount that allows running programs", err, staging)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list busybox-static's applets: %w", err)
+	}
+	return strings.Fields(string(out)), nil
+}
+
+// layout is the base image's file tree: busybox with a link for each
+// applet, bash, the usual directories and a passwd naming the users
+// sessions run as.
+func layout(busybox, bash []byte, applets []string) []Entry {
+	entries := []Entry{
+		{Path: "/bin/busybox", Mode: 0o755, Data: busybox},
+		{Path: "/bin/bash", Mode: 0o755, Data: bash},
+		{Path: "/bin/sh", Linkname: "busybox"},
+		{Path: "/usr/bin/env", Linkname: "/bin/busybox"},
+		{Path: "/etc/passwd", Mode: 0o644, Data: []byte("root:x:0:0:root:/root:/bin/sh\nsandbox:x:1000:1000:sandbox:/tmp:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/bin/sh\n")},
+		{Path: "/etc/group", Mode: 0o644, Data: []byte("root:x:0:\nsandbox:x:1000:\nnogroup:x:65534:\n")},
+		{Path: "/etc/hostname", Mode: 0o644, Data: []byte("sandbox\n")},
+		{Path: "/etc/profile", Mode: 0o644, Data: []byte("export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n")},
+		{Path: "/tmp", Mode: 0o1777, Dir: true},
+		{Path: "/var/tmp", Mode: 0o1777, Dir: true},
+		{Path: "/home", Mode: 0o1777, Dir: true},
+		{Path: "/run", Mode: 0o755, Dir: true},
+		{Path: "/root", Mode: 0o700, Dir: true},
+		{Path: "/proc", Mode: 0o555, Dir: true},
+		{Path: "/sys", Mode: 0o555, Dir: true},
+		{Path: "/dev", Mode: 0o755, Dir: true},
+		{Path: "/etc", Mode: 0o755, Dir: true},
+		{Path: "/usr/local/bin", Mode: 0o755, Dir: true},
+	}
+	sort.Strings(applets)
+	for _, a := range applets {
+		p := "/" + strings.TrimPrefix(a, "/")
+		if !strings.HasPrefix(p, "/bin/") && !strings.HasPrefix(p, "/sbin/") && !strings.HasPrefix(p, "/usr/") {
+			continue
+		}
+		// Real files win over applet links (bash, env, sh above).
+		entries = append(entries, Entry{Path: p, Linkname: "/bin/busybox"})
+	}
+	return entries
+}
+
+// imageArchive wraps a layer into the tar that `docker load` reads, with a
+// fixed creation time, so the image id is reproducible. It returns the
+// archive and the image id.
+func imageArchive(ref, diffID string, layer []byte) ([]byte, string, error) {
+	created := epochTime().Format(time.RFC3339)
+	cfg, err := json.Marshal(map[string]any{
+		"architecture": runtime.GOARCH,
+		"os":           "linux",
+		"created":      created,
+		"config": map[string]any{
+			"Env": []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"},
+			"Cmd": []string{"/bin/sh"},
+		},
+		"rootfs":  map[string]any{"type": "layers", "diff_ids": []string{diffID}},
+		"history": []map[string]string{{"created": created, "created_by": "sandboxd image build: " + strings.Join(Packages(), ", ")}},
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	sum := sha256.Sum256(cfg)
+	cfgHex := hex.EncodeToString(sum[:])
+	layerName := strings.TrimPrefix(diffID, "sha256:") + "/layer.tar"
+	manifest, err := json.Marshal([]map[string]any{{
+		"Config":   cfgHex + ".json",
+		"RepoTags": []string{ref},
+		"Layers":   []string{layerName},
+	}})
+	if err != nil {
+		return nil, "", err
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	files := []struct {
+		name string
+		data []byte
+	}{
+		{cfgHex + ".json", cfg},
+		{layerName, layer},
+		{"manifest.json", manifest},
+	}
+	for _, f := range files {
+		hdr := &tar.Header{Name: f.name, Mode: 0o644, Size: int64(len(f.data)), ModTime: epochTime(), Typeflag: tar.TypeReg}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return nil, "", err
+		}
+		if _, err := tw.Write(f.data); err != nil {
+			return nil, "", err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return nil, "", err
+	}
+	return buf.Bytes(), "sha256:" + cfgHex, nil
 }

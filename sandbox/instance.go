@@ -2,21 +2,17 @@ package sandbox
 
 import (
 	"bytes"
-	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
-
-	"github.com/moby/moby/client"
 )
 
 // Labels every sandboxd container carries, so that a later instance can tell
@@ -235,139 +231,6 @@ func (in *Instance) Close() error {
 	in.lock = nil
 	os.Remove(name)
 	return err
-}
-
-// localHost is what gc compares a container's labels with: this host, its
-// boot, and where its instances keep their locks.
-type localHost struct {
-	name, boot, machine, pidNS, lockDir string
-}
-
-// differs reports whether a label and what this host has for it are both
-// known and not the same.
-func differs(label, here string) bool { return label != "" && here != "" && label != here }
-
-// instanceAlive reports whether the instance that labelled a container is
-// still running. Containers of other hosts are treated as alive: their
-// owner's lock cannot be seen from here.
-func (h localHost) instanceAlive(labels map[string]string) bool {
-	if labels[LabelHost] != h.name || differs(labels[LabelMachine], h.machine) {
-		return true
-	}
-	id := labels[LabelInstance]
-	if id == "" || id != filepath.Base(id) {
-		return false
-	}
-	// No instance of an earlier boot still runs, whatever its lock file
-	// (one that another user's umask made unreadable) or its pid says.
-	if differs(labels[LabelBoot], h.boot) {
-		return false
-	}
-	name := filepath.Join(h.lockDir, id+".lock")
-	// Not following a link, nor waiting on a FIFO someone put there.
-	f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
-	if errors.Is(err, os.ErrNotExist) {
-		// Without its lock (removed, /tmp emptied, or a /tmp of its own),
-		// only the pid is left, which means nothing from another pid
-		// namespace (sandboxd in a container of the host's name).
-		if differs(labels[LabelPidNS], h.pidNS) {
-			return true
-		}
-		pid, _ := strconv.Atoi(labels[LabelPid])
-		return pid > 0 && processExists(syscall.Kill(pid, 0))
-	}
-	if err != nil {
-		// A lock we may not even open belongs to someone else; leave it.
-		return true
-	}
-	defer f.Close()
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		return true
-	}
-	syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-	os.Remove(name)
-	return false
-}
-
-// removeContainer removes container ref (an id or a name) as sandboxd
-// removes every container of its own: whatever runs in it, and its
-// anonymous volumes.
-func removeContainer(ctx context.Context, cli *client.Client, ref string) error {
-	_, err := cli.ContainerRemove(ctx, ref, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
-	return err
-}
-
-// processExists reads the result of kill(pid, 0): EPERM is a process that
-// is there but another user's.
-func processExists(err error) bool {
-	return err == nil || errors.Is(err, syscall.EPERM)
-}
-
-// GCOptions selects what GC removes.
-type GCOptions struct {
-	// All removes every sandboxd container on the engine, live owner or not.
-	All bool
-	// Keep is an instance whose containers are never removed (the caller's).
-	Keep string
-}
-
-// RemoveError is GC failing to remove some of the containers it listed:
-// unlike its other errors, it comes with a complete account of what was
-// removed.
-type RemoveError struct{ Err error }
-
-func (e *RemoveError) Error() string { return e.Err.Error() }
-
-func (e *RemoveError) Unwrap() error { return e.Err }
-
-// GC removes the containers whose owning instance is no longer running and
-// returns their ids. When it could not remove some, the error is a
-// *RemoveError.
-func GC(ctx context.Context, cli *client.Client, log *slog.Logger, opts GCOptions) ([]string, error) {
-	host, err := os.Hostname()
-	if err != nil {
-		return nil, fmt.Errorf("read hostname: %w", err)
-	}
-	here := localHost{name: host, boot: bootID(), machine: machineID(), pidNS: pidNamespace(), lockDir: LockDir()}
-	if !opts.All {
-		// Locks in a directory someone else may write would decide
-		// whose containers go: none is trusted.
-		d, err := openLockDir(here.lockDir)
-		if err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return nil, err
-		}
-		if d != nil {
-			d.Close()
-		}
-	}
-	list, err := cli.ContainerList(ctx, client.ContainerListOptions{
-		All:     true,
-		Filters: make(client.Filters).Add("label", LabelInstance),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("list containers: %w", EngineError(err))
-	}
-	var removed []string
-	var errs []error
-	for _, c := range list.Items {
-		owner := c.Labels[LabelInstance]
-		if owner == opts.Keep {
-			continue
-		}
-		if !opts.All && here.instanceAlive(c.Labels) {
-			continue
-		}
-		if err := removeContainer(ctx, cli, c.ID); err != nil && !isNotFound(err) {
-			errs = append(errs, fmt.Errorf("remove container %.12s: %w", c.ID, err))
-			continue
-		}
-		log.Info("removed container left by a dead instance", "container", c.ID[:12], "instance", owner, "session", c.Labels[LabelSession])
-		removed = append(removed, c.ID)
-	}
-	if len(errs) > 0 {
-		return removed, &RemoveError{errors.Join(errs...)}
-	}
-	return removed, nil
 }
 
 func randomID(n int) (string, error) {

@@ -4,44 +4,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"time"
 
-	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/api/types/system"
-	"github.com/moby/moby/client"
-	"github.com/moby/moby/client/pkg/versions"
 
-	"github.com/sandboxd/sandboxd/limits"
+	"github.com/sandboxd/sandboxd/internal/engine"
 )
-
-// ErrNotFound is returned for a session or terminal id that does not exist
-// (or no longer does).
-var ErrNotFound = errors.New("not found")
-
-// ErrInvalid is returned for a request that is wrong in itself: a relative
-// cwd, a NUL byte, a limit above the maximum. Its message names the field.
-var ErrInvalid = errors.New("invalid request")
-
-// Reason is err's message without the "invalid request" that a peer's
-// request is told: what a flag or a setting is told instead.
-func Reason(err error) string {
-	return strings.TrimPrefix(err.Error(), ErrInvalid.Error()+": ")
-}
-
-// ErrLimit is returned when a configured maximum (sessions, terminals) is
-// reached.
-var ErrLimit = errors.New("limit reached")
 
 // Manager owns the sessions of one sandboxd instance and removes their
 // containers when it closes.
 type Manager struct {
-	cli      *client.Client
+	cli      engine.API
 	cfg      Config
 	log      *slog.Logger
 	instance *Instance
@@ -86,35 +63,15 @@ type Manager struct {
 	outputBytes int64
 }
 
-// reserveOutput counts a new terminal's output buffer against
-// server.max_output_memory.
-func (m *Manager) reserveOutput(session string, n int) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	max := int64(m.cfg.Server.MaxOutputMemory)
-	if m.outputBytes+int64(n) > max {
-		return fmt.Errorf("session %s: %w: the output buffers of terminals not released, or released but still running, would hold more than %s (server.max_output_memory); release some, or ask for a smaller outputByteLimit", session, ErrLimit, ByteSize(max))
-	}
-	m.outputBytes += int64(n)
-	return nil
-}
-
-// releaseOutput gives back what reserveOutput counted.
-func (m *Manager) releaseOutput(n int) {
-	m.mu.Lock()
-	m.outputBytes -= int64(n)
-	m.mu.Unlock()
-}
-
 // NewManager connects sandboxd to the engine: it takes an instance lock,
 // removes what dead instances left behind, and reads the engine's CPU count.
-func NewManager(ctx context.Context, cli *client.Client, cfg Config, log *slog.Logger) (*Manager, error) {
-	if err := cfg.checkSources(EngineSocket(cli)); err != nil {
+func NewManager(ctx context.Context, cli engine.API, cfg Config, log *slog.Logger) (*Manager, error) {
+	if err := cfg.checkSources(engine.Socket(cli)); err != nil {
 		return nil, err
 	}
-	info, err := cli.Info(ctx, client.InfoOptions{})
+	info, err := cli.Info(ctx, engine.InfoOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("connect to engine: %w", EngineError(err))
+		return nil, fmt.Errorf("connect to engine: %w", engine.Error(err))
 	}
 	// The configuration was checked against this host's CPUs; a remote
 	// engine, or one in a VM, may have fewer, and every session would fail.
@@ -166,70 +123,37 @@ func NewManager(ctx context.Context, cli *client.Client, cfg Config, log *slog.L
 // check of the name lets pass: commands would share the host's network
 // stack. A network the engine does not know is left to a session's start
 // to report.
-func checkNetwork(ctx context.Context, cli *client.Client, cfg Config) error {
+func checkNetwork(ctx context.Context, cli engine.API, cfg Config) error {
 	name := cfg.Session.Network
 	if name == "none" {
 		return nil
 	}
-	res, err := cli.NetworkInspect(ctx, name, client.NetworkInspectOptions{})
+	res, err := cli.NetworkInspect(ctx, name, engine.NetworkInspectOptions{})
 	if err != nil || res.Network.Driver != "host" {
 		return nil
 	}
 	return cfg.settingError("session.network", "", fmt.Errorf("%q is the engine's host network (%s), which would give commands the host's network: use \"none\" or a network of its own", name, res.Network.Name))
 }
 
-// checkSources refuses, at start, a configuration whose served workspace
-// is or holds one of sandboxd's own endpoints (Private), or a granted
-// mount source that checkGrant refuses: every session would be refused,
-// or would see it. A path that does not resolve is left to a session's
-// start to report.
-func (c Config) checkSources(engineSocket string) error {
-	if !c.FallbackWorkspace {
-		ws, err := c.ServedWorkspace()
-		if err != nil {
-			return err
-		}
-		if _, err := filepath.EvalSymlinks(ws); err == nil {
-			if _, err := checkMountSource(ws, engineSocket, c.Private); err != nil {
-				if c.Session.Workspace == "" {
-					// The directory sandboxd runs in: no setting.
-					return errors.New(Reason(err))
-				}
-				return c.settingError("session.workspace", "workspace", err)
-			}
+// unenforcedLimits names the session limits the engine says it cannot
+// enforce. It does not refuse them: it drops them from each container it
+// creates, with no more than a warning in the answer.
+func unenforcedLimits(info system.Info) []string {
+	var missing []string
+	for _, l := range []struct {
+		name string
+		ok   bool
+	}{
+		{"memory", info.MemoryLimit},
+		{"memory+swap (swap = memory)", info.SwapLimit},
+		{"cpus (CFS quota)", info.CPUCfsQuota && info.CPUCfsPeriod},
+		{"pids", info.PidsLimit},
+	} {
+		if !l.ok {
+			missing = append(missing, l.name)
 		}
 	}
-	for _, mt := range c.Session.Mounts {
-		if real, err := filepath.EvalSymlinks(mt.Source); err == nil {
-			if err := checkGrant(mt.origin(), mt.Source, real, engineSocket, c.Private); err != nil {
-				if mt.Origin != "" {
-					return errors.New(Reason(err))
-				}
-				return c.settingError("session.mounts", "session.mounts", err)
-			}
-		}
-	}
-	return nil
-}
-
-// settingError words err, which a session's start would give as a
-// refused request about what ("workspace: ..."), as the fault of a setting
-// of the configuration, found at sandboxd's start: the file, the line, the
-// key.
-func (c Config) settingError(key, what string, err error) error {
-	msg := Reason(err)
-	msg = strings.TrimPrefix(msg, what+": ")
-	file := c.file
-	if file == "" {
-		file = "configuration"
-	}
-	return &ConfigError{File: file, Line: keyLine(c.text, key), Key: key, Err: errors.New(msg)}
-}
-
-// sizedFromInside says TTY commands size their terminal themselves
-// (ttySize): the engine is older than API 1.42.
-func (m *Manager) sizedFromInside() bool {
-	return versions.LessThan(m.cli.ClientVersion(), "1.42")
+	return missing
 }
 
 // mapsIDs reports whether the engine maps user ids (userns-remap, or a
@@ -255,30 +179,38 @@ func tiniInit(binary string) bool {
 	return base == "docker-init" || strings.Contains(base, "tini")
 }
 
+// sizedFromInside says TTY commands size their terminal themselves
+// (ttySize): the engine is older than API 1.42.
+func (m *Manager) sizedFromInside() bool {
+	return engine.VersionBelow(m.cli, "1.42")
+}
+
 // engineSocket is the path of the engine's unix socket, or "" when the
 // engine is reached otherwise.
-func (m *Manager) engineSocket() string { return EngineSocket(m.cli) }
-
-// EngineSocket returns the path of the unix socket cli reaches the engine
-// through, or "" when it reaches it otherwise: no sandbox may see it.
-func EngineSocket(cli *client.Client) string {
-	if h, ok := strings.CutPrefix(cli.DaemonHost(), "unix://"); ok {
-		return h
-	}
-	return ""
-}
+func (m *Manager) engineSocket() string { return engine.Socket(m.cli) }
 
 // Config returns the configuration the manager runs with.
 func (m *Manager) Config() Config { return m.cfg }
 
-// Client returns the engine client.
-func (m *Manager) Client() *client.Client { return m.cli }
+// reserveOutput counts a new terminal's output buffer against
+// server.max_output_memory.
+func (m *Manager) reserveOutput(session string, n int) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	max := int64(m.cfg.Server.MaxOutputMemory)
+	if m.outputBytes+int64(n) > max {
+		return fmt.Errorf("session %s: %w: the output buffers of terminals not released, or released but still running, would hold more than %s (server.max_output_memory); release some, or ask for a smaller outputByteLimit", session, ErrLimit, ByteSize(max))
+	}
+	m.outputBytes += int64(n)
+	return nil
+}
 
-// InstanceID returns the id that labels this instance's containers.
-func (m *Manager) InstanceID() string { return m.instance.ID }
-
-// HostCPUs returns the engine's CPU count, the upper bound for cpus.
-func (m *Manager) HostCPUs() int { return m.hostCPUs }
+// releaseOutput gives back what reserveOutput counted.
+func (m *Manager) releaseOutput(n int) {
+	m.mu.Lock()
+	m.outputBytes -= int64(n)
+	m.mu.Unlock()
+}
 
 // Open creates and starts the container of a new session under key, which
 // callers use to keep sessions of different clients apart. Opening a key
@@ -386,95 +318,6 @@ func (m *Manager) reserve(key string, spec SessionSpec) (*Session, int, error) {
 	return s, fresh, nil
 }
 
-// dropStaleSpare drops the spare container when a repository was made in
-// its workspace since it started: it has no read-only mount there, a new
-// one will. The look at the workspace is made without m.mu, which a slow
-// filesystem must not hold up.
-func (m *Manager) dropStaleSpare() {
-	m.mu.Lock()
-	s := m.spare
-	m.mu.Unlock()
-	if s == nil || s.gitUnchanged() {
-		return
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.spare != s || m.closed {
-		return // taken or dropped meanwhile, or Close removes it
-	}
-	m.spare = nil
-	m.log.Info("spare container dropped: the workspace's git metadata changed", "container", s.contID[:12])
-	m.wg.Go(func() { m.discard(s) })
-	m.refillSpare()
-}
-
-// spareFits reports whether a session asking for want can have the spare
-// made with have: same workspace, nothing but the defaults otherwise.
-func spareFits(have, want SessionSpec) bool {
-	if _, err := checkDir(want); err != nil {
-		return false // a fresh start reports it
-	}
-	return filepath.Clean(want.Workspace) == have.Workspace && len(want.ExtraDirs) == 0 &&
-		(want.Image == "" || want.Image == have.Image) &&
-		(want.Network == "" || want.Network == have.Network) &&
-		want.Limits == limits.Limits{}
-}
-
-// KeepSpare keeps one container with spec (the configured defaults and a
-// workspace) started ahead of need, for the next session that fits it.
-func (m *Manager) KeepSpare(spec SessionSpec) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.spareSpec, m.spareHopeless = &spec, false
-	m.refillSpare()
-}
-
-// refillSpare starts a new spare in the background. m.mu must be held.
-func (m *Manager) refillSpare() {
-	if m.spareSpec == nil || m.closed || m.spare != nil || m.spareStarting || m.spareHopeless {
-		return
-	}
-	m.spareStarting = true
-	spec := *m.spareSpec
-	spec.ID = "spare"
-	s := newSession(m, "", spec)
-	m.wg.Add(1)
-	go func() {
-		defer m.wg.Done()
-		err := s.start(m.ctx)
-		s.markReady(err)
-		// Kept in the same hold of m.mu that ends spareStarting: a
-		// session opened in between would start cold, and another spare
-		// with it.
-		m.mu.Lock()
-		m.spareStarting = false
-		m.spareHopeless = errors.Is(err, ErrInvalid)
-		keep := err == nil && !m.closed && m.spare == nil
-		if keep {
-			m.spare = s
-		}
-		m.mu.Unlock()
-		if err != nil {
-			switch {
-			case m.ctx.Err() != nil:
-			case errors.Is(err, ErrInvalid):
-				// The served workspace is one no session may have (wrap
-				// started in / or the home directory): the sessions the
-				// editor names will say so if they name it.
-				m.log.Debug("no spare container", "err", err)
-			default:
-				m.log.Warn("start spare container", "err", err)
-			}
-			return
-		}
-		if !keep {
-			m.discard(s)
-			return
-		}
-		m.log.Debug("spare container ready", "container", s.contID[:12])
-	}()
-}
-
 // startSession starts s, which reserve returned fresh: once for each.
 func (m *Manager) startSession(ctx context.Context, s *Session) error {
 	defer m.wg.Done()
@@ -501,63 +344,6 @@ func (m *Manager) Get(ctx context.Context, key string) (*Session, error) {
 		return nil, err
 	}
 	return s, nil
-}
-
-// writableByAnother reports whether dir lies inside a directory another
-// session (or the spare) mounts writable, whose commands could swap dir
-// for a link.
-func (m *Manager) writableByAnother(s *Session, dir string) bool {
-	if m.cfg.Session.WorkspaceMode == "ro" {
-		return false
-	}
-	m.mu.Lock()
-	others := make([]*Session, 0, len(m.sessions)+len(m.detached)+1)
-	for _, o := range m.sessions {
-		others = append(others, o)
-	}
-	for o := range m.detached {
-		others = append(others, o)
-	}
-	if m.spare != nil {
-		others = append(others, m.spare)
-	}
-	m.mu.Unlock()
-	for _, o := range others {
-		if o == s {
-			continue
-		}
-		o.mu.Lock()
-		sources := o.mountSources
-		o.mu.Unlock()
-		for _, src := range sources {
-			if src != dir && Within(src, dir) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// refusePlantedLinks refuses dir when a link on its way lies inside a
-// directory another session mounts writable: that session's commands put
-// it there, and it may lead anywhere the user can reach ($HOME), which
-// the checks on the resolved directory would let pass.
-func (m *Manager) refusePlantedLinks(s *Session, dir string) error {
-	p := "/"
-	for _, c := range strings.Split(strings.TrimPrefix(filepath.Clean(dir), "/"), "/") {
-		if c == "" {
-			continue
-		}
-		p = filepath.Join(p, c)
-		fi, err := os.Lstat(p)
-		if err != nil {
-			return nil // the checks that follow report it
-		}
-		if fi.Mode()&os.ModeSymlink != 0 && m.writableByAnother(s, p) {
-			return fmt.Errorf("%w: workspace: %q passes the link %s, which lies in another session's writable workspace", ErrInvalid, dir, p)
-		}
-	}
-	return nil
 }
 
 // Detach takes the session under key out at once, started or not, so that
@@ -601,113 +387,6 @@ func (m *Manager) forget(s *Session) {
 	}
 	delete(m.detached, s)
 	m.mu.Unlock()
-}
-
-// unenforcedLimits names the session limits the engine says it cannot
-// enforce. It does not refuse them: it drops them from each container it
-// creates, with no more than a warning in the answer.
-func unenforcedLimits(info system.Info) []string {
-	var missing []string
-	for _, l := range []struct {
-		name string
-		ok   bool
-	}{
-		{"memory", info.MemoryLimit},
-		{"memory+swap (swap = memory)", info.SwapLimit},
-		{"cpus (CFS quota)", info.CPUCfsQuota && info.CPUCfsPeriod},
-		{"pids", info.PidsLimit},
-	} {
-		if !l.ok {
-			missing = append(missing, l.name)
-		}
-	}
-	return missing
-}
-
-// discard removes the container of s, which no session map holds any
-// more (a start that failed half way, a spare not kept), and tries again
-// later when the engine refuses: nothing else would remove it before exit.
-func (m *Manager) discard(s *Session) {
-	if err := s.removeContainer(); err != nil {
-		m.log.Warn("remove container", "session", s.ID, "err", err)
-		m.removeLater(s)
-	}
-}
-
-// removeMade removes, in the background, the container named name that
-// the engine may have made for a create whose answer was an error (it
-// timed out, the connection broke): nobody has its id, and it would stay
-// until sandboxd exits. The engine may still be making it: not found is
-// tried again a few times.
-func (m *Manager) removeMade(name string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.closed {
-		return // the exit removes every container of the instance
-	}
-	m.wg.Go(func() {
-		for _, wait := range []time.Duration{0, 2 * time.Second, 10 * time.Second} {
-			select {
-			case <-time.After(wait):
-			case <-m.ctx.Done():
-				return
-			}
-			ctx, cancel := context.WithTimeout(m.ctx, 30*time.Second)
-			err := removeContainer(ctx, m.cli, name)
-			cancel()
-			switch {
-			case err == nil:
-				m.log.Info("removed the container of a failed create", "container", name)
-				return
-			case !isNotFound(err):
-				m.log.Warn("remove the container of a failed create", "container", name, "err", err)
-			}
-		}
-	})
-}
-
-// removeLater tries again, in the background, to remove the container of s
-// whose removal failed (an engine under load may not stop a container in
-// time), rather than leave it until the next start; the exit removes what
-// is left when sandboxd stops first. Until it is gone, s counts among the
-// detached: its container still counts against the limit, and what its
-// commands can write still counts in the checks of other sessions.
-func (m *Manager) removeLater(s *Session) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.closed {
-		return
-	}
-	m.detached[s] = struct{}{}
-	if m.retrying == nil {
-		m.retrying = make(map[*Session]bool)
-	}
-	m.retrying[s] = true
-	m.wg.Go(func() {
-		// Then every minute, for as long as the container is there: it
-		// keeps its place among the sessions until it is gone.
-		for try := 0; ; try++ {
-			wait := time.Minute
-			if backoff := []time.Duration{2 * time.Second, 10 * time.Second, 30 * time.Second}; try < len(backoff) {
-				wait = backoff[try]
-			}
-			select {
-			case <-time.After(wait):
-			case <-m.ctx.Done():
-				return
-			}
-			err := s.removeContainer()
-			if err == nil {
-				m.log.Info("container removed on a later try", "session", s.ID)
-				m.mu.Lock()
-				delete(m.detached, s)
-				delete(m.retrying, s)
-				m.mu.Unlock()
-				return
-			}
-			m.log.Warn("remove container", "session", s.ID, "err", err)
-		}
-	})
 }
 
 // detach takes s out of sessions, if it is there, and keeps it among the
@@ -773,31 +452,6 @@ func (m *Manager) Close(ctx context.Context) error {
 	return errors.Join(append(errs, m.instance.Close())...)
 }
 
-// removeLeftovers removes what containers of this instance are still
-// there once every session is closed: one whose removal failed (the
-// engine was busy), or one a start made after its session was given up
-// on. The next start would remove them, but there may be none.
-func (m *Manager) removeLeftovers(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	list, err := m.cli.ContainerList(ctx, client.ContainerListOptions{
-		All:     true,
-		Filters: make(client.Filters).Add("label", LabelInstance+"="+m.instance.ID),
-	})
-	if err != nil {
-		return fmt.Errorf("remove leftover containers: %w", EngineError(err))
-	}
-	var errs []error
-	for _, c := range list.Items {
-		m.log.Warn("removing a container left behind", "container", c.ID[:12], "session", c.Labels[LabelSession])
-		// A conflict is a removal under way already.
-		if err := removeContainer(ctx, m.cli, c.ID); err != nil && !isNotFound(err) && !cerrdefs.IsConflict(err) {
-			errs = append(errs, fmt.Errorf("remove leftover container %.12s: %w", c.ID, err))
-		}
-	}
-	return errors.Join(errs...)
-}
-
 func (m *Manager) reapIdle(timeout time.Duration) {
 	defer m.wg.Done()
 	tick := time.NewTicker(max(timeout/4, 10*time.Millisecond))
@@ -832,18 +486,3 @@ func (m *Manager) reapIdle(timeout time.Duration) {
 		}
 	}
 }
-
-// EngineError adds to an error that says the engine could not be reached
-// what to do about it: a socket the user may not use is the commonest
-// case, and starting the engine would not help there.
-func EngineError(err error) error {
-	switch {
-	case client.IsErrConnectionFailed(err) && errors.Is(err, fs.ErrPermission):
-		return fmt.Errorf("%w (your user may not use the engine's socket: add it to the docker group, `sudo usermod -aG docker $USER`, then log in again; or point DOCKER_HOST at an engine you may use)", err)
-	case client.IsErrConnectionFailed(err):
-		return fmt.Errorf("%w (is the Docker Engine running? start it with `sudo systemctl start docker`, or point DOCKER_HOST at a running engine)", err)
-	}
-	return err
-}
-
-func isNotFound(err error) bool { return cerrdefs.IsNotFound(err) }

@@ -12,14 +12,33 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	"github.com/sandboxd/sandboxd/internal/console"
 )
+
+// Size is a terminal's size in characters.
+type Size struct {
+	Cols, Rows uint
+}
+
+// RunOptions are what a run needs of the user's terminal, if any.
+type RunOptions struct {
+	// Resize brings each new size of a TTY command's terminal; nil for
+	// none.
+	Resize <-chan Size
+	// Stdin, when set, returns the command's input; exited is closed
+	// when the command exits, where a reader of the user's terminal
+	// stops, so that keys typed after it reach the user's shell.
+	Stdin func(exited <-chan struct{}) io.Reader
+	// Starting, when set, is called once the container is ready, just
+	// before the command starts (to put the user's terminal in raw
+	// mode: until then Ctrl-C is sandboxd's); an error ends the run.
+	Starting func() error
+}
 
 // Run runs one command in a fresh session and removes the session's
 // container afterwards. It returns the exit code to pass on: the command's
 // own, or 128+n when signal n ended it. When ctx ends (Ctrl-C), the command
-// is killed and its status returned as usual.
+// is killed and its status returned as usual. A TTY command is resized to
+// each size that comes on opts.Resize.
 //
 // A write to cmd.Stdout or cmd.Stderr that fails ends the command the same
 // way: with EPIPE (the reader of `sandboxd run ... | head` went away;
@@ -28,19 +47,6 @@ import (
 // done by then; with another error (a full disk) it returns that error.
 // Output that a reader stopped taking does not hold the run up once it is
 // stopping (runOutput).
-//
-// RunOptions are what a run needs of the user's terminal, if any.
-type RunOptions struct {
-	// Resize brings each new size of a TTY command's terminal; nil for
-	// none.
-	Resize <-chan console.Size
-	// Starting, when set, is called once the container is ready, just
-	// before the command starts (to put the user's terminal in raw
-	// mode: until then Ctrl-C is sandboxd's); an error ends the run.
-	Starting func() error
-}
-
-// A TTY command is resized to each size that comes on opts.Resize.
 func Run(ctx context.Context, m *Manager, spec SessionSpec, cmd Command, opts RunOptions) (int, error) {
 	// The session must be removed even when ctx is already cancelled.
 	cleanup := context.WithoutCancel(ctx)
@@ -109,10 +115,19 @@ func run(ctx, cleanup context.Context, m *Manager, spec SessionSpec, cmd Command
 			return 0, err
 		}
 	}
+	exited := make(chan struct{})
+	if opts.Stdin != nil {
+		cmd.Stdin = opts.Stdin(exited)
+	}
 	t, err := s.Start(ctx, cmd)
 	if err != nil {
+		close(exited)
 		return 0, err
 	}
+	go func() {
+		<-t.Done()
+		close(exited)
+	}()
 	if resize := opts.Resize; cmd.TTY && resize != nil {
 		go func() {
 			for {
@@ -185,6 +200,7 @@ const outputGrace = 2 * time.Second
 type outputError struct{ err error }
 
 func (e *outputError) Error() string { return "writing the command's output: " + e.err.Error() }
+
 func (e *outputError) Unwrap() error { return e.err }
 
 // runOutput passes a run's output on to w from a goroutine of its own, so

@@ -183,3 +183,24 @@ func TestWorkDir(t *testing.T) {
 		}
 	}
 }
+
+func TestExitCode(t *testing.T) {
+	code := func(n int) *int { return &n }
+	sig := func(s string) *string { return &s }
+	tests := []struct {
+		st   ExitStatus
+		want int
+	}{
+		{ExitStatus{ExitCode: code(0)}, 0},
+		{ExitStatus{ExitCode: code(3)}, 3},
+		{ExitStatus{Signal: sig("SIGKILL")}, 137},
+		{ExitStatus{Signal: sig("SIGTERM")}, 143},
+		{ExitStatus{Signal: sig("SIG10")}, 138},
+		{ExitStatus{}, 255},
+	}
+	for _, tc := range tests {
+		if got := ExitCode(tc.st); got != tc.want {
+			t.Errorf("ExitCode(%+v) = %d, want %d", tc.st, got, tc.want)
+		}
+	}
+}

@@ -6,9 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,48 +14,9 @@ import (
 	"unicode/utf8"
 
 	"github.com/moby/moby/api/pkg/stdcopy"
-	"github.com/moby/moby/client"
 
-	"github.com/sandboxd/sandboxd/internal/console"
+	"github.com/sandboxd/sandboxd/internal/engine"
 )
-
-// MarkerEnv is set in every command's environment to the terminal id. Every
-// process the command starts inherits it, including ones that leave its
-// process group or session, which is how a kill finds them all without host
-// pids, so it works with a remote engine too.
-const MarkerEnv = "SANDBOXD_TERMINAL"
-
-// EnvVar is one environment variable for a command.
-type EnvVar struct {
-	Name  string
-	Value string
-}
-
-// Command is what a terminal runs.
-type Command struct {
-	// Command is run with Args as given. With no Args and shell syntax in
-	// Command (spaces, quotes, pipes, ...), it runs as `/bin/sh -c Command`,
-	// which is what agents that send a whole command line expect.
-	Command string
-	Args    []string
-	Env     []EnvVar
-	// Cwd is an absolute path at or below the workspace; empty means the
-	// workspace.
-	Cwd string
-	// OutputLimit is the byte limit of the output buffer; 0 means the
-	// configured default.
-	OutputLimit *int64
-	// TTY runs the command on a pseudo-terminal (AHP terminals).
-	TTY bool
-	// Cols and Rows size the TTY.
-	Cols, Rows uint
-	// Stdout and Stderr, when set, also get the output live, each stream
-	// to its own writer (sandboxd run). Their errors never stop the command.
-	Stdout, Stderr io.Writer
-	// Stdin, when set, is copied to the command's input, which is closed
-	// when Stdin ends (sandboxd run -i).
-	Stdin io.Reader
-}
 
 // ExitStatus is how a command ended: ExitCode for a normal exit, Signal
 // (e.g. "SIGKILL") when sandboxd sent the signal or the memory cgroup's OOM
@@ -75,7 +33,7 @@ type Terminal struct {
 	execID  string
 	cmd     Command
 	out     *OutputBuffer
-	conn    client.HijackedResponse
+	conn    engine.HijackedResponse
 
 	// reserved is what the output buffer counts against
 	// server.max_output_memory until the terminal has left its session
@@ -102,199 +60,6 @@ type Terminal struct {
 	// cols and rows are the size last made (Resize), which the command's
 	// own sizing (ttySize) may have undone; guarded by resizing.
 	cols, rows uint
-}
-
-const shellChars = " \t\n|&;<>()$`\\\"'*?[]#~=%{}!"
-
-// Argv returns the argument vector the command runs with.
-func (c Command) Argv() []string {
-	if len(c.Args) == 0 && strings.ContainsAny(c.Command, shellChars) {
-		return []string{"/bin/sh", "-c", c.Command}
-	}
-	return append([]string{c.Command}, c.Args...)
-}
-
-// mergeStderr is the exec's entry point when output is merged: one pipe for
-// both streams keeps their true order, which two pipes read by the engine
-// cannot.
-const mergeStderr = `exec "$@" 2>&1`
-
-// ttySize is a TTY command's entry point on an engine before API 1.42,
-// which ignores the size given with the exec and is resized only once the
-// command started: a program that asks at once (stty size, a full-screen
-// editor) would mostly find 0x0. It sizes the terminal from inside before
-// the command runs; an image without stty keeps that race, one without
-// sh cannot run TTY commands there. A resize that comes before it ran is
-// made again once the command's output begins (sizeAgain).
-const ttySize = `stty rows "$1" cols "$2" 2>/dev/null; shift 2; exec "$@"`
-
-// reaperPath is the engine's init (tini), which it mounts into every container
-// started with init. Each command runs behind one of its own, registered as
-// the subreaper of what the command starts: a process orphaned while the
-// command runs becomes its child, not the container's init's, so the kill
-// still finds it among the descendants of a marked process even if it
-// removed the marker (killScript). The reaper exits with its child's
-// status, 128+n for signal n.
-const reaperPath = "/sbin/docker-init"
-
-// execArgv is what the engine runs: Argv, behind mergeStderr unless the
-// streams are kept apart (sandboxd run) or a TTY merges them already, and
-// behind the reaper when the container has one.
-func (c Command) execArgv(reaper, sizeInside bool) []string {
-	argv := c.Argv()
-	if !c.TTY && c.Stdout == nil && c.Stderr == nil {
-		argv = append([]string{"/bin/sh", "-c", mergeStderr, "sh"}, argv...)
-	}
-	if sizeInside && c.TTY && c.Cols > 0 && c.Rows > 0 {
-		argv = append([]string{"/bin/sh", "-c", ttySize, "sh", strconv.FormatUint(uint64(c.Rows), 10), strconv.FormatUint(uint64(c.Cols), 10)}, argv...)
-	}
-	if reaper {
-		argv = append([]string{reaperPath, "-s", "--"}, argv...)
-	}
-	return argv
-}
-
-// MaxArgLen is the longest single argument or environment string Linux
-// execve takes (MAX_ARG_STRLEN).
-const MaxArgLen = 128 << 10
-
-// CheckString rejects what cannot cross execve: NUL bytes and strings
-// longer than MaxArgLen; and bytes that are not UTF-8, which cannot cross
-// the engine's API. field names v in the error.
-func CheckString(field, v string) error {
-	if strings.IndexByte(v, 0) >= 0 {
-		return fmt.Errorf("%w: %s: contains a NUL byte", ErrInvalid, field)
-	}
-	if len(v) >= MaxArgLen {
-		return fmt.Errorf("%w: %s: %d bytes is longer than the %d an argument may have", ErrInvalid, field, len(v), MaxArgLen-1)
-	}
-	if !utf8.ValidString(v) {
-		// The engine's API carries it as a JSON string, in which such
-		// bytes become U+FFFD: `rm $'caf\xe9'` would name another file.
-		return fmt.Errorf("%w: %s: %.200q holds bytes that are not UTF-8, which the engine's API cannot carry", ErrInvalid, field, v)
-	}
-	return nil
-}
-
-// maxExecBytes bounds what a command, its args and env take in execve:
-// Linux's usual ARG_MAX (a quarter of the default 8 MiB stack), less room
-// for the container's own environment and the entry points sandboxd puts
-// in front. Past it the engine's exec fails with "argument list too long".
-const maxExecBytes = 2<<20 - 64<<10
-
-// execBytes is what c takes in execve: each string with its NUL and its
-// pointer.
-func execBytes(c Command) int {
-	n := 0
-	for _, a := range c.Argv() {
-		n += len(a) + 1 + 8
-	}
-	for _, e := range c.Env {
-		n += len(e.Name) + 1 + len(e.Value) + 1 + 8
-	}
-	return n
-}
-
-// CheckEnvVar rejects an environment variable a command cannot be given:
-// a name that is empty, holds '=' or NUL, or is sandboxd's marker, and a
-// NAME=value that CheckString refuses. field names e in the error.
-func CheckEnvVar(field string, e EnvVar) error {
-	switch {
-	case e.Name == "":
-		return fmt.Errorf("%w: %s.name: must not be empty", ErrInvalid, field)
-	case strings.ContainsAny(e.Name, "=\x00"):
-		return fmt.Errorf("%w: %s.name: %.200q must not contain '=' or NUL", ErrInvalid, field, e.Name)
-	case e.Name == MarkerEnv:
-		return fmt.Errorf("%w: %s.name: %s is reserved by sandboxd", ErrInvalid, field, MarkerEnv)
-	}
-	return CheckString(field, e.Name+"="+e.Value)
-}
-
-// Check refuses a command that cannot run as given, whatever the session:
-// an empty or option-like command, strings execve cannot take, a reserved
-// or malformed environment variable.
-func (c Command) Check() error {
-	if c.Command == "" {
-		return fmt.Errorf("%w: command: must not be empty", ErrInvalid)
-	}
-	if err := CheckString("command", c.Command); err != nil {
-		return err
-	}
-	if c.Cwd != "" {
-		if err := CheckString("cwd", c.Cwd); err != nil {
-			return err
-		}
-	}
-	if c.Command[0] == '-' {
-		// sh's exec (mergeStderr) would take it as an option of its own,
-		// and dash's takes no "--" to say otherwise; no program is named
-		// so.
-		return fmt.Errorf("%w: command: %.200q starts with '-'", ErrInvalid, c.Command)
-	}
-	for i, a := range c.Args {
-		if err := CheckString(fmt.Sprintf("args[%d]", i), a); err != nil {
-			return err
-		}
-	}
-	for i, e := range c.Env {
-		if err := CheckEnvVar(fmt.Sprintf("env[%d]", i), e); err != nil {
-			return err
-		}
-	}
-	if n := execBytes(c); n > maxExecBytes {
-		return fmt.Errorf("%w: command, args and env together take %d bytes, more than the %d a command may be given (Linux's ARG_MAX, less what sandboxd adds)", ErrInvalid, n, maxExecBytes)
-	}
-	return nil
-}
-
-// validate checks a command against the session and configuration and
-// returns the cwd and output limit it will run with.
-func (s *Session) validate(c Command) (cwd string, limit int, err error) {
-	if err := c.Check(); err != nil {
-		return "", 0, err
-	}
-	cwd = s.Dir()
-	if c.Cwd != "" {
-		if err := CheckString("cwd", c.Cwd); err != nil {
-			return "", 0, err
-		}
-		if !strings.HasPrefix(c.Cwd, "/") {
-			return "", 0, fmt.Errorf("%w: cwd: %.200q is not an absolute path", ErrInvalid, c.Cwd)
-		}
-		cwd = filepath.Clean(c.Cwd)
-		if !s.inMounts(cwd) {
-			return "", 0, fmt.Errorf("%w: cwd: %.200q is outside the session's workspace %s", ErrInvalid, c.Cwd, s.spec.Workspace)
-		}
-		if err := CheckIsDir(cwd); err != nil {
-			return "", 0, err
-		}
-	}
-	tc := s.m.cfg.Terminal
-	limit = int(tc.OutputByteLimit)
-	if c.OutputLimit != nil {
-		switch {
-		case *c.OutputLimit < 0:
-			return "", 0, fmt.Errorf("%w: outputByteLimit: %d is negative", ErrInvalid, *c.OutputLimit)
-		case *c.OutputLimit > int64(tc.MaxOutputByteLimit):
-			return "", 0, fmt.Errorf("%w: outputByteLimit: %d is above the maximum %d (terminal.max_output_byte_limit)", ErrInvalid, *c.OutputLimit, int64(tc.MaxOutputByteLimit))
-		}
-		limit = int(*c.OutputLimit)
-	}
-	return cwd, limit, nil
-}
-
-func (s *Session) inMounts(p string) bool {
-	for _, root := range append([]string{s.spec.Workspace}, s.spec.ExtraDirs...) {
-		if Within(root, p) {
-			return true
-		}
-	}
-	return false
-}
-
-// Within reports whether the clean absolute path p is root or below it.
-func Within(root, p string) bool {
-	return p == root || strings.HasPrefix(p, strings.TrimSuffix(root, "/")+"/")
 }
 
 // Start runs a command in the session's container. It returns once the
@@ -381,8 +146,8 @@ func (t *Terminal) start(ctx context.Context, cwd string) error {
 		env = append(env, e.Name+"="+e.Value)
 	}
 	env = append(env, MarkerEnv+"="+t.ID)
-	size := client.ConsoleSize{Height: t.cmd.Rows, Width: t.cmd.Cols}
-	ex, err := cli.ExecCreate(ctx, s.contID, client.ExecCreateOptions{
+	size := engine.ConsoleSize{Height: t.cmd.Rows, Width: t.cmd.Cols}
+	ex, err := cli.ExecCreate(ctx, s.contID, engine.ExecCreateOptions{
 		User:         s.user,
 		TTY:          t.cmd.TTY,
 		ConsoleSize:  size,
@@ -394,18 +159,18 @@ func (t *Terminal) start(ctx context.Context, cwd string) error {
 		Cmd:          t.cmd.execArgv(s.m.reaper, s.m.sizedFromInside()),
 	})
 	if err != nil {
-		if isNotFound(err) {
+		if engine.IsNotFound(err) {
 			return fmt.Errorf("create terminal in session %s: the session's container is gone: %w", s.ID, err)
 		}
-		return fmt.Errorf("create terminal in session %s: %w", s.ID, EngineError(err))
+		return fmt.Errorf("create terminal in session %s: %w", s.ID, engine.Error(err))
 	}
 	t.execID = ex.ID
-	att, err := cli.ExecAttach(ctx, ex.ID, client.ExecAttachOptions{TTY: t.cmd.TTY, ConsoleSize: size})
+	att, err := cli.ExecAttach(ctx, ex.ID, engine.ExecAttachOptions{TTY: t.cmd.TTY, ConsoleSize: size})
 	if err != nil {
 		// The engine may have started the command all the same (the
 		// attach timed out): the sweep ends what carries its marker.
 		s.sweepLater(t.ID)
-		return fmt.Errorf("start terminal %s: %w", t.ID, EngineError(err))
+		return fmt.Errorf("start terminal %s: %w", t.ID, engine.Error(err))
 	}
 	t.mu.Lock()
 	closed := t.closed
@@ -433,20 +198,11 @@ func (t *Terminal) start(ctx context.Context, cwd string) error {
 }
 
 // feed copies Stdin to the command, and closes its input when Stdin ends,
-// or fails (a directory, say: the command would wait for ever). A file
-// (the user's terminal) is read only until the command exits, so that
-// keys typed after it reach the user's shell (console.Input); a read of
-// another reader cannot be interrupted, and feed may outlive the command
-// until Stdin ends or the process does.
+// or fails (a directory, say: the command would wait for ever). A read of
+// Stdin cannot be interrupted, so feed may outlive the command until
+// Stdin ends or the process does.
 func (t *Terminal) feed() {
-	src := t.cmd.Stdin
-	if f, ok := src.(*os.File); ok {
-		if in, err := console.NewInput(f, t.done); err == nil {
-			defer in.Close()
-			src = in
-		}
-	}
-	in := &readErr{r: src}
+	in := &readErr{r: t.cmd.Stdin}
 	if _, err := io.Copy(t.conn.Conn, in); err != nil {
 		if in.err == nil {
 			// The command's side went away: it is done reading.
@@ -527,7 +283,7 @@ func (t *Terminal) collect() {
 	// The command is done with its streams; a terminal kept unreleased
 	// must not keep a connection to the engine.
 	t.close()
-	code, err := waitExec(s.m.ctx, s.m.cli, t.execID)
+	code, err := engine.WaitExec(s.m.ctx, s.m.cli, t.execID)
 	if err != nil {
 		if t.wasSent(syscall.SIGKILL) {
 			// The session's container was removed under the command.
@@ -695,123 +451,6 @@ func (t *Terminal) Wait(ctx context.Context) (ExitStatus, error) {
 	}
 }
 
-// Kill stops the command and every process it started: SIGTERM (SIGHUP for
-// a TTY, a terminal being closed, which interactive shells obey and SIGTERM
-// they ignore), then after the grace period SIGKILL. It returns once the command has exited. Killing
-// a command that has exited does nothing.
-func (t *Terminal) Kill(ctx context.Context) error {
-	t.mu.Lock()
-	if k := t.kill; k != nil {
-		// Under way: the command may have exited, what it left that
-		// ignores SIGTERM not yet.
-		t.mu.Unlock()
-		select {
-		case <-k.done:
-			return k.err
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	if t.Exited() {
-		t.mu.Unlock()
-		return nil
-	}
-	k := &killing{done: make(chan struct{})}
-	t.kill = k
-	t.mu.Unlock()
-	err := t.killOnce(ctx)
-	k.err = err
-	if err != nil {
-		// The next kill tries again rather than take this one's word.
-		t.mu.Lock()
-		t.kill = nil
-		t.mu.Unlock()
-	}
-	close(k.done)
-	return err
-}
-
-// killing is a kill in progress, which concurrent kills wait for.
-type killing struct {
-	done chan struct{}
-	err  error // set before done is closed
-}
-
-func (t *Terminal) killOnce(ctx context.Context) error {
-	// The kill must finish even if the caller gives up: a half-killed
-	// command is worse than a slow reply. An engine that hangs must not
-	// hold the caller (and every kill waiting on this one) for ever.
-	grace := time.Duration(t.session.m.cfg.Terminal.KillGrace)
-	kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), grace+time.Minute)
-	defer cancel()
-	if grace > 0 {
-		stop := syscall.SIGTERM
-		if t.cmd.TTY {
-			stop = syscall.SIGHUP
-		}
-		if err := t.signalAll(kctx, stop, false); err != nil {
-			return fmt.Errorf("kill terminal %s: %w", t.ID, err)
-		}
-		select {
-		case <-t.done:
-		case <-time.After(grace):
-		}
-	}
-	// Always finish with SIGKILL: children forked while SIGTERM was on its
-	// way, or that ignore it, would otherwise outlive the command.
-	if err := t.signalAll(kctx, syscall.SIGKILL, grace > 0); err != nil {
-		return fmt.Errorf("kill terminal %s: %w", t.ID, err)
-	}
-	select {
-	case <-t.done:
-	case <-time.After(10 * time.Second):
-		return fmt.Errorf("kill terminal %s: still running after SIGKILL", t.ID)
-	}
-	return nil
-}
-
-// signalAll signals every process of the command. Those the kill found
-// before are found again by pid and start time, so that one which removed
-// the marker and whose parent then died of the first signal still gets the
-// second.
-// The start and groups the pass before printed (killScript) are passed on
-// only when fresh, from this kill's own first pass: an older kill's would
-// widen what the SIGKILL takes to all it started since.
-func (t *Terminal) signalAll(ctx context.Context, sig syscall.Signal, fresh bool) error {
-	t.markSent(sig)
-	t.mu.Lock()
-	if !fresh {
-		// Also dropped where they are kept: a pass that fails leaves
-		// none behind for the next.
-		t.signalled = pairsOnly(t.signalled)
-	}
-	known := t.signalled
-	t.mu.Unlock()
-	found, err := t.session.signalMarked(ctx, sig, []string{t.ID}, known)
-	if err == nil && found != "" {
-		t.mu.Lock()
-		t.signalled = found
-		t.mu.Unlock()
-	}
-	if err != nil && (t.Exited() || t.session.isClosed()) {
-		// Gone already, or going with its container.
-		return nil
-	}
-	return err
-}
-
-// pairsOnly drops from a kill's known processes the start and groups of
-// the pass that printed them.
-func pairsOnly(known string) string {
-	var b strings.Builder
-	for f := range strings.FieldsSeq(known) {
-		if f[0] != '@' && f[0] != '%' {
-			b.WriteString(f + " ")
-		}
-	}
-	return b.String()
-}
-
 // Resize changes the size of a TTY terminal.
 func (t *Terminal) Resize(ctx context.Context, cols, rows uint) error {
 	t.resizing.Lock()
@@ -820,7 +459,7 @@ func (t *Terminal) Resize(ctx context.Context, cols, rows uint) error {
 }
 
 func (t *Terminal) resizeLocked(ctx context.Context, cols, rows uint) error {
-	_, err := t.session.m.cli.ExecResize(ctx, t.execID, client.ExecResizeOptions{Width: cols, Height: rows})
+	_, err := t.session.m.cli.ExecResize(ctx, t.execID, engine.ExecResizeOptions{Width: cols, Height: rows})
 	if err != nil {
 		return fmt.Errorf("resize terminal %s: %w", t.ID, err)
 	}

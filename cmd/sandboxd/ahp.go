@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"strings"
 
 	"github.com/sandboxd/sandboxd/acp"
 	"github.com/sandboxd/sandboxd/ahp"
@@ -22,11 +21,6 @@ type ahpFlags struct {
 	// maxContent is maxBytes parsed by check.
 	maxContent int64
 }
-
-type stringList []string
-
-func (l *stringList) String() string     { return strings.Join(*l, ",") }
-func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
 
 func (a *ahpFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&a.listen, "ahp-listen", "", "serve the AHP terminal channel over WebSocket on `addr`, e.g. 127.0.0.1:7681")

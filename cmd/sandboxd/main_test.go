@@ -113,22 +113,6 @@ func TestCommandLineErrors(t *testing.T) {
 	}
 }
 
-// TestGCWithoutEngine: with no engine to list containers, gc says so and
-// claims no count.
-func TestGCWithoutEngine(t *testing.T) {
-	t.Setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
-	var stdout, stderr bytes.Buffer
-	if code := run([]string{"gc"}, strings.NewReader(""), &stdout, &stderr); code != 1 {
-		t.Errorf("exit code %d, want 1; stderr %q", code, stderr.String())
-	}
-	if stdout.Len() > 0 {
-		t.Errorf("stdout %q, want nothing", stdout.String())
-	}
-	if !strings.HasPrefix(stderr.String(), "sandboxd gc: ") {
-		t.Errorf("stderr %q, want the error", stderr.String())
-	}
-}
-
 // TestRunAndWrapFailuresHaveTheirOwnCode: when sandboxd itself fails under
 // run or wrap, it exits 125, a code apart from the command's or agent's.
 func TestRunAndWrapFailuresHaveTheirOwnCode(t *testing.T) {
@@ -138,51 +122,6 @@ func TestRunAndWrapFailuresHaveTheirOwnCode(t *testing.T) {
 		if code := run(args, strings.NewReader(""), &stdout, &stderr); code != 125 {
 			t.Errorf("%q without an engine: exit code %d, want 125; stderr %q", args, code, stderr.String())
 		}
-	}
-}
-
-// TestHelpWithoutFlagsHasNoFlagsHeading: a command with no flags shows no
-// empty list of them.
-func TestHelpWithoutFlagsHasNoFlagsHeading(t *testing.T) {
-	var stdout, stderr bytes.Buffer
-	if code := run([]string{"config", "-h"}, strings.NewReader(""), &stdout, &stderr); code != 0 || strings.Contains(stdout.String(), "Flags:") {
-		t.Errorf("config -h: exit %d, %q", code, stdout.String())
-	}
-}
-
-// TestImageHelpShowsFlags: every way of asking for image's help shows the
-// flags of its one command, build.
-func TestImageHelpShowsFlags(t *testing.T) {
-	for _, args := range [][]string{{"help", "image"}, {"image", "-h"}, {"image", "help"}, {"image", "build", "-h"}} {
-		var stdout, stderr bytes.Buffer
-		if code := run(args, strings.NewReader(""), &stdout, &stderr); code != 0 || !strings.Contains(stdout.String(), "-ref string") {
-			t.Errorf("%v: exit %d, %q", args, code, stdout.String())
-		}
-	}
-}
-
-// TestEndpointsOutsideTheWorkspace: serve does not start when its socket
-// or the AHP token file would lie in the workspace every container sees,
-// and says so before the engine is asked (it is not reachable here).
-func TestEndpointsOutsideTheWorkspace(t *testing.T) {
-	t.Setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
-	ws := t.TempDir()
-	t.Chdir(ws)
-	for _, args := range [][]string{
-		{"serve", "--listen", "unix:sandboxd.sock"},
-		{"serve", "--ahp-listen", "127.0.0.1:0", "--ahp-token-file", filepath.Join(ws, "sub", "token")},
-		{"wrap", "--ahp-listen", "127.0.0.1:0", "--ahp-token-file", "token", "--", "true"},
-	} {
-		var stdout, stderr bytes.Buffer
-		code := run(args, strings.NewReader(""), &stdout, &stderr)
-		if code == 0 || !strings.Contains(stderr.String(), "a file of sandboxd's own") {
-			t.Errorf("%v: exit %d, stderr %q", args, code, stderr.String())
-		}
-	}
-	// An abstract socket is in no directory: only the engine is missing.
-	var stdout, stderr bytes.Buffer
-	if code := run([]string{"serve", "--listen", "unix:@sandboxd"}, strings.NewReader(""), &stdout, &stderr); code == 0 || strings.Contains(stderr.String(), "endpoint") || !strings.Contains(stderr.String(), "engine") {
-		t.Errorf("serve on an abstract socket: exit %d, stderr %q", code, stderr.String())
 	}
 }
 

@@ -3,13 +3,11 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"runtime"
-	"strings"
 	"syscall"
 	"time"
 
@@ -17,6 +15,8 @@ import (
 	"github.com/sandboxd/sandboxd/sandbox"
 )
 
+// cmdWrap runs an ACP agent behind the relay and returns the agent's exit
+// code. abort is set to kill the agent when sandboxd stops at once.
 func cmdWrap(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, abort *abortHook) (int, error) {
 	fs := newFlagSet("wrap", "wrap [flags] -- AGENT [ARGS...]",
 		"Starts an ACP agent and relays between it and the editor on stdin/stdout,\ntelling the agent that the client supports terminals and running every\nterminal command in the session's container.", stderr)
@@ -103,48 +103,4 @@ func cmdWrap(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	editor := acp.NewStdio(stdin, stdout)
 	defer editor.Close()
 	return acp.Wrap(ctx, terms, editor, agent, log)
-}
-
-// sessionFlags override the configured image, network and limits of every
-// session.
-type sessionFlags struct {
-	cpus, memory, pids, network, image nonEmpty
-}
-
-func (f *sessionFlags) register(fs *flag.FlagSet) {
-	fs.Var(&f.cpus, "cpus", "`N` CPUs per session, e.g. 1.5 (default from config)")
-	fs.Var(&f.memory, "memory", "memory per session, `SIZE` such as 512MiB (default from config)")
-	fs.Var(&f.pids, "pids", "at most `N` processes per session (default from config)")
-	fs.Var(&f.network, "network", "network `NAME`: none, or the configured network")
-	fs.Var(&f.image, "image", "image `REF` (default from config)")
-}
-
-// nonEmpty is a flag that, when given, must have a value: an empty one
-// would silently stand for the default it was meant to change.
-type nonEmpty string
-
-func (v *nonEmpty) String() string { return string(*v) }
-
-func (v *nonEmpty) Set(s string) error {
-	if strings.TrimSpace(s) == "" {
-		return errors.New("empty or blank (leave the flag out for the default)")
-	}
-	*v = nonEmpty(s)
-	return nil
-}
-
-func (f *sessionFlags) spec() (sandbox.SessionSpec, error) {
-	spec := sandbox.SessionSpec{Image: string(f.image), Network: string(f.network)}
-	for _, f := range []struct {
-		name  string
-		value nonEmpty
-	}{{"cpus", f.cpus}, {"memory", f.memory}, {"pids", f.pids}} {
-		if f.value == "" {
-			continue
-		}
-		if err := spec.Limits.Set(f.name, string(f.value)); err != nil {
-			return spec, usageError{fmt.Errorf("--%s: %w", f.name, err)}
-		}
-	}
-	return spec, nil
 }

@@ -17,7 +17,7 @@ import (
 	"net"
 	"os"
 
-	"github.com/moby/moby/client"
+	"github.com/sandboxd/sandboxd/internal/engine"
 )
 
 func main() {
@@ -32,21 +32,21 @@ func main() {
 }
 
 func relay(ctx context.Context, container string) error {
-	cli, err := client.New(client.FromEnv)
+	cli, err := engine.New()
 	if err != nil {
 		return err
 	}
-	ex, err := cli.ExecCreate(ctx, container, client.ExecCreateOptions{User: "1000:1000", TTY: true, AttachStdin: true, AttachStdout: true, AttachStderr: true, Cmd: []string{"bash", "--norc", "-i"}})
+	ex, err := cli.ExecCreate(ctx, container, engine.ExecCreateOptions{User: "1000:1000", TTY: true, AttachStdin: true, AttachStdout: true, AttachStderr: true, Cmd: []string{"bash", "--norc", "-i"}})
 	if err != nil {
 		return err
 	}
-	att, err := cli.ExecAttach(ctx, ex.ID, client.ExecAttachOptions{TTY: true})
+	att, err := cli.ExecAttach(ctx, ex.ID, engine.ExecAttachOptions{TTY: true})
 	if err != nil {
 		return err
 	}
 	defer att.Close()
 	// API 1.41 ignores ConsoleSize: size the PTY as sandboxd does.
-	if _, err := cli.ExecResize(ctx, ex.ID, client.ExecResizeOptions{Width: 1000, Height: 24}); err != nil {
+	if _, err := cli.ExecResize(ctx, ex.ID, engine.ExecResizeOptions{Width: 1000, Height: 24}); err != nil {
 		return err
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
