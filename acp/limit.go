@@ -7,6 +7,8 @@ import (
 	"sync"
 
 	"github.com/sourcegraph/jsonrpc2"
+
+	"github.com/sandboxd/sandboxd/internal/jsonrpc"
 )
 
 const (
@@ -38,17 +40,18 @@ func newRequestLimiter() *requestLimiter {
 
 // acquire takes a place for a request that holds size bytes, to be given
 // back with release once its reply is written. It fails at once when too
-// many are in flight, or too many bytes, and never waits: the connection's
-// reader must go on reading, or a peer that writes before it reads would
-// wait for sandboxd as sandboxd waits for it.
+// many are in flight, or too many bytes; it never waits.
 func (l *requestLimiter) acquire(method string, size int) (release func(), err error) {
+	// Failing rather than waiting: the connection's reader must go on
+	// reading, or a peer that writes before it reads would wait for
+	// sandboxd as sandboxd waits for it.
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.n >= maxInFlight {
-		return nil, &jsonrpc2.Error{Code: CodeCancelled, Message: fmt.Sprintf("%s: %d requests are waiting for their answer; wait for some", method, maxInFlight)}
+		return nil, &jsonrpc2.Error{Code: jsonrpc.RequestCancelled, Message: fmt.Sprintf("%s: %d requests are waiting for their answer; wait for some", method, maxInFlight)}
 	}
 	if l.bytes+size > maxInFlightBytes {
-		return nil, &jsonrpc2.Error{Code: CodeCancelled, Message: fmt.Sprintf("%s: the requests waiting for their answer hold more than %d MiB; wait for some", method, maxInFlightBytes>>20)}
+		return nil, &jsonrpc2.Error{Code: jsonrpc.RequestCancelled, Message: fmt.Sprintf("%s: the requests waiting for their answer hold more than %d MiB; wait for some", method, maxInFlightBytes>>20)}
 	}
 	l.n++
 	l.bytes += size
@@ -71,7 +74,7 @@ func (l *requestLimiter) build(ctx context.Context, method string) (release func
 	case l.output <- struct{}{}:
 		return func() { <-l.output }, nil
 	case <-ctx.Done():
-		return nil, &jsonrpc2.Error{Code: CodeCancelled, Message: "request cancelled"}
+		return nil, &jsonrpc2.Error{Code: jsonrpc.RequestCancelled, Message: "request cancelled"}
 	}
 }
 

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"testing"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/jsonrpc"
 )
 
 func TestRequestLimiter(t *testing.T) {
@@ -32,7 +34,7 @@ func TestRequestLimiter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := l.acquire(MethodCreate, 101); err == nil || rpcError(ctx, err).Code != CodeCancelled {
+	if _, err := l.acquire(MethodCreate, 101); err == nil || rpcError(ctx, err).Code != jsonrpc.RequestCancelled {
 		t.Fatalf("request beyond maxInFlightBytes: err = %v, want it refused", err)
 	}
 	if _, err := l.acquire(MethodCreate, 100); err != nil {
@@ -54,7 +56,7 @@ func TestRequestLimiter(t *testing.T) {
 	}
 	short, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
 	defer cancel()
-	if _, err := l.build(short, MethodOutput); err == nil || rpcError(short, err).Code != CodeCancelled {
+	if _, err := l.build(short, MethodOutput); err == nil || rpcError(short, err).Code != jsonrpc.RequestCancelled {
 		t.Fatalf("output beyond the slots: err = %v, want it to wait and then be cancelled", err)
 	}
 	// Other replies are not held up by outputs.

@@ -7,77 +7,10 @@ import (
 	"strings"
 	"testing"
 	"time"
-	"unicode/utf8"
 
-	"github.com/sandboxd/sandboxd/ahp/osc633"
+	"github.com/sandboxd/sandboxd/internal/jsonrpc"
 	"github.com/sandboxd/sandboxd/sandbox"
 )
-
-// TestProgramTitlesAreBounded: a title a program sets (OSC 0 or 2) is cut
-// to maxTitle at a character, as sent, kept and listed; the same long
-// title again is not sent again.
-func TestProgramTitlesAreBounded(t *testing.T) {
-	for _, tc := range []struct {
-		name, title string
-		times       int
-	}{
-		{name: "short", title: "make", times: 1},
-		{name: "at the bound", title: strings.Repeat("x", maxTitle), times: 1},
-		{name: "long", title: strings.Repeat("x", 60<<10), times: 1},
-		{name: "long, cut in a character", title: "x" + strings.Repeat("é", 30<<10), times: 1},
-		{name: "long, set again", title: strings.Repeat("€", 20<<10), times: 3},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			s := testServer(Config{ReplayBytes: 1 << 30})
-			term := s.terms["ahp-terminal:/t"]
-			term.parser = osc633.NewParser("n")
-			term.process([]byte(strings.Repeat("\x1b]2;"+tc.title+"\x07", tc.times)), true)
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			var sent, listed []string
-			for _, env := range s.replay {
-				switch env.Action.Type {
-				case "terminal/titleChanged":
-					sent = append(sent, env.Action.Title)
-				case "root/terminalsChanged":
-					for _, info := range env.Action.Terminals {
-						listed = append(listed, info.Title)
-					}
-				}
-			}
-			if len(sent) != 1 || len(listed) != 1 {
-				t.Fatalf("%d titles sent, %d listed; want 1 of each", len(sent), len(listed))
-			}
-			for _, got := range []string{sent[0], listed[0], term.state.Title} {
-				if len(got) > maxTitle || !utf8.ValidString(got) || !strings.HasPrefix(tc.title, got) || len(got) < min(len(tc.title), maxTitle-utf8.UTFMax) {
-					t.Errorf("title of %d bytes (valid UTF-8: %v), want the title's head, at most %d bytes", len(got), utf8.ValidString(got), maxTitle)
-				}
-			}
-		})
-	}
-}
-
-// TestOutputOfARemovedTerminal: output of a terminal that is no longer
-// served (read while its processes are killed) reaches neither the
-// terminal made again under its URI nor its clients.
-func TestOutputOfARemovedTerminal(t *testing.T) {
-	s := testServer(Config{})
-	old := s.terms["ahp-terminal:/t"]
-	old.parser = osc633.NewParser("n")
-	s.mu.Lock()
-	s.removeLocked(old)
-	remade := &terminal{uri: old.uri, s: s, t: &sandbox.Terminal{}, since: s.seq, state: TerminalState{Content: []ContentPart{}}}
-	s.terms[old.uri] = remade
-	seq := s.seq
-	s.mu.Unlock()
-	old.process([]byte("late output\x1b]633;A\x07"), true)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	remade.fold(1 << 20)
-	if len(remade.state.Content) != 0 || remade.state.SupportsCommandDetection || s.seq != seq {
-		t.Errorf("the old terminal's output reached the new one: %+v, %d actions", remade.state, s.seq-seq)
-	}
-}
 
 // TestCreateTerminalWhileClosing: once Close has begun no terminal is
 // made, and one being made is waited for; a terminal that fails to start
@@ -101,7 +34,7 @@ func TestCreateTerminalWhileClosing(t *testing.T) {
 		})
 		s.Close()
 		rerr := createTerminal(s, json.RawMessage(params))
-		if rerr == nil || rerr.Code != codeInternal || !strings.Contains(rerr.Message, "closing") || asked {
+		if rerr == nil || rerr.Code != jsonrpc.InternalError || !strings.Contains(rerr.Message, "closing") || asked {
 			t.Errorf("createTerminal after Close: %+v (a session asked for: %v), want refused as closing", rerr, asked)
 		}
 	})
@@ -177,4 +110,48 @@ func createTerminal(s *Server, params json.RawMessage) *rpcError {
 		return rerr
 	}
 	return start(context.Background())
+}
+
+func TestCreateTerminalRefusesBadParams(t *testing.T) {
+	s := testServer(Config{Workspace: "/work"})
+	for _, tc := range []struct {
+		name   string
+		params string
+		code   int
+	}{
+		{"not JSON", `{"channel":`, jsonrpc.InvalidParams},
+		{"no channel", `{"claim":{"kind":"client","clientId":"c"}}`, jsonrpc.InvalidParams},
+		{"root channel", `{"channel":"ahp-root://","claim":{"kind":"client","clientId":"c"}}`, jsonrpc.InvalidParams},
+		{"no scheme", `{"channel":"just-a-name","claim":{"kind":"client","clientId":"c"}}`, jsonrpc.InvalidParams},
+		{"another scheme", `{"channel":"ahp-session:/x","claim":{"kind":"client","clientId":"c"}}`, jsonrpc.InvalidParams},
+		{"a scheme of its own", `{"channel":"term:x","claim":{"kind":"client","clientId":"c"}}`, jsonrpc.InvalidParams},
+		{"the scheme in capitals", `{"channel":"AHP-TERMINAL:/x","claim":{"kind":"client","clientId":"c"}}`, jsonrpc.InvalidParams},
+		{"no id", `{"channel":"ahp-terminal:","claim":{"kind":"client","clientId":"c"}}`, jsonrpc.InvalidParams},
+		{"huge channel", `{"channel":"ahp-terminal:/` + strings.Repeat("x", 2000) + `","claim":{"kind":"client","clientId":"c"}}`, jsonrpc.InvalidParams},
+		{"no claim", `{"channel":"ahp-terminal:/new"}`, jsonrpc.InvalidParams},
+		{"unknown claim kind", `{"channel":"ahp-terminal:/new","claim":{"kind":"root"}}`, jsonrpc.InvalidParams},
+		{"client claim without client", `{"channel":"ahp-terminal:/new","claim":{"kind":"client"}}`, jsonrpc.InvalidParams},
+		{"session claim without session", `{"channel":"ahp-terminal:/new","claim":{"kind":"session","clientId":"c"}}`, jsonrpc.InvalidParams},
+		{"huge claim", `{"channel":"ahp-terminal:/new","claim":{"kind":"client","clientId":"` + strings.Repeat("c", 2000) + `"}}`, jsonrpc.InvalidParams},
+		{"relative cwd", `{"channel":"ahp-terminal:/new","claim":{"kind":"client","clientId":"c"},"cwd":"file:tmp"}`, jsonrpc.InvalidParams},
+		{"cwd of another scheme", `{"channel":"ahp-terminal:/new","claim":{"kind":"client","clientId":"c"},"cwd":"http://x/tmp"}`, jsonrpc.InvalidParams},
+		{"too wide", `{"channel":"ahp-terminal:/new","claim":{"kind":"client","clientId":"c"},"cols":100000,"rows":10}`, jsonrpc.InvalidParams},
+		{"channel taken", `{"channel":"ahp-terminal:/t","claim":{"kind":"client","clientId":"c"}}`, jsonrpc.AlreadyExists},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rerr := createTerminal(s, json.RawMessage(tc.params))
+			if rerr == nil || rerr.Code != tc.code {
+				t.Fatalf("error = %+v, want code %d", rerr, tc.code)
+			}
+			if len(rerr.Message) > 300 {
+				t.Errorf("message of %d bytes echoes the input", len(rerr.Message))
+			}
+			s.mu.Lock()
+			n := len(s.terms)
+			s.mu.Unlock()
+			if n != 1 {
+				t.Errorf("%d terminals after a refused create, want the 1 there was", n)
+			}
+		})
+	}
 }
