@@ -266,7 +266,7 @@ func Serve(ctx context.Context, rwc io.ReadWriteCloser, t *Terminals, log *slog.
 	d.cancelAll()
 	// Requests still waiting (wait_for_exit) end when their sessions close.
 	cctx := context.WithoutCancel(ctx)
-	err := t.Close(cctx)
+	err := t.scope.Close(cctx)
 	// A reply blocked writing to a peer that stopped reading may never
 	// end; shutdown must go on all the same.
 	if !d.work.Stop(stopTimeout) {

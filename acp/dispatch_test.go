@@ -210,7 +210,7 @@ func TestLibraryMessagesGoToTheDebugLog(t *testing.T) {
 	var logs syncBuffer
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	in := strings.NewReader(`{"jsonrpc":"2.0","id":42,"result":null}` + "\n")
-	if err := Serve(context.Background(), pipeConn{in, io.Discard}, NewTerminals(nil, "c", "/w", sandbox.SessionSpec{}), log); err != nil {
+	if err := Serve(context.Background(), pipeConn{in, io.Discard}, newTerminals(nil, "c", "/w", sandbox.SessionSpec{}), log); err != nil {
 		t.Fatal(err)
 	}
 	if got := logs.String(); !strings.Contains(got, "level=DEBUG") || !strings.Contains(got, "ignoring response #42") {
@@ -250,7 +250,7 @@ func TestServeEndsWhileAReplyCannotBeWritten(t *testing.T) {
 	var logs syncBuffer
 	done := make(chan error, 1)
 	go func() {
-		done <- Serve(ctx, pipeConn{in, out}, NewTerminals(nil, "c", "/w", sandbox.SessionSpec{}), slog.New(slog.NewTextHandler(&logs, nil)))
+		done <- Serve(ctx, pipeConn{in, out}, newTerminals(nil, "c", "/w", sandbox.SessionSpec{}), slog.New(slog.NewTextHandler(&logs, nil)))
 	}()
 	for i := range 3 {
 		fmt.Fprintf(inW, `{"jsonrpc":"2.0","id":%d,"method":"no/such"}`+"\n", i)

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"sync"
 
 	"github.com/sourcegraph/jsonrpc2"
 
@@ -43,47 +42,17 @@ func IsTerminalMethod(method string) bool {
 // touch another connection's sessions and terminals, even if it guesses
 // their ids.
 type Terminals struct {
-	m *sandbox.Manager
-	// scope prefixes session keys in the manager.
-	scope string
-	// workspace is used when a session opens without a cwd, and bounds
-	// the workspaces a peer may name.
-	workspace string
-	// defaults are the image, network and limits of sessions opened on
-	// first use (a wrap's flags); zero fields keep the configuration's.
-	defaults sandbox.SessionSpec
-
-	// The connection's session registry (sessions.go).
-	mu sync.Mutex
-	// sessions are the connection's sessions, each with the spec to open
-	// it with again once the manager closed it for being idle (nil: as
-	// a new one, from the request that comes).
-	sessions map[string]*sandbox.SessionSpec
-	// opening counts the requests opening each session: an open that
-	// failed forgets the session only when no other is under way.
-	opening map[string]int
-	// closed says the connection ended: a request still under way opens
-	// no session any more, which nothing would close.
-	closed bool
-	// ended are sessions the editor closed (a proxy's, in endedOrder):
-	// a command naming one opens no container again, which nothing would
-	// remove before the wrap ends, until the editor loads or resumes it.
-	ended      map[string]bool
-	endedOrder []string
-	// shared says the AHP channel's own session (SessionFor) is open.
-	shared bool
+	scope *sandbox.Scope
 }
 
-// NewTerminals returns the terminal service for one connection. scope must
-// be unique per connection; workspace is the default workspace; defaults
-// give sessions their image, network and limits where set.
-func NewTerminals(m *sandbox.Manager, scope, workspace string, defaults sandbox.SessionSpec) *Terminals {
-	return &Terminals{m: m, scope: scope, workspace: workspace, defaults: defaults,
-		sessions: make(map[string]*sandbox.SessionSpec), opening: make(map[string]int), ended: make(map[string]bool)}
+// NewTerminals returns the terminal service for the connection whose
+// sessions scope holds.
+func NewTerminals(scope *sandbox.Scope) *Terminals {
+	return &Terminals{scope: scope}
 }
 
-// Manager returns the sandbox manager behind the service.
-func (t *Terminals) Manager() *sandbox.Manager { return t.m }
+// Scope returns the connection's sessions.
+func (t *Terminals) Scope() *sandbox.Scope { return t.scope }
 
 // Handle answers one request. The error, if any, is a *jsonrpc2.Error.
 func (t *Terminals) Handle(ctx context.Context, method string, params json.RawMessage) (any, error) {
@@ -127,6 +96,10 @@ func rpcError(ctx context.Context, err error) *jsonrpc2.Error {
 		return &jsonrpc2.Error{Code: jsonrpc.ResourceNotFound, Message: err.Error()}
 	case errors.Is(err, sandbox.ErrInvalid):
 		return &jsonrpc2.Error{Code: jsonrpc.InvalidParams, Message: err.Error()}
+	case errors.Is(err, sandbox.ErrClosing):
+		// RequestCancelled, which ACP gives to a request aborted by
+		// shutdown.
+		return &jsonrpc2.Error{Code: jsonrpc.RequestCancelled, Message: err.Error()}
 	case errors.Is(err, sandbox.ErrLimit):
 		// ACP's RequestCancelled also covers a request aborted for
 		// resource constraints.
@@ -156,7 +129,7 @@ func (t *Terminals) terminal(ctx context.Context, params json.RawMessage) (*sand
 	if err := get(f, "terminalId", true, &tid); err != nil {
 		return nil, nil, err
 	}
-	s, err := t.session(ctx, sid)
+	s, err := t.scope.Session(ctx, sid)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -217,11 +190,11 @@ func (t *Terminals) create(ctx context.Context, params json.RawMessage) (any, er
 	// keeps for a terminal is held to that, and truncated reports it.
 	var limit uint64
 	if f.present("outputByteLimit") && get(f, "outputByteLimit", false, &limit) == nil {
-		n := int64(min(limit, uint64(t.m.Config().Terminal.MaxOutputByteLimit)))
+		n := int64(min(limit, uint64(t.scope.Config().Terminal.MaxOutputByteLimit)))
 		cmd.OutputLimit = &n
 	}
 
-	s, err := t.sessionForCreate(ctx, sid, cwd)
+	s, err := t.scope.SessionForCommand(ctx, sid, cwd)
 	if err != nil {
 		return nil, err
 	}
@@ -230,7 +203,7 @@ func (t *Terminals) create(ctx context.Context, params json.RawMessage) (any, er
 		// Closed between the two, for being idle or by a close of the
 		// peer's: it opens again, as for a create that came after, and
 		// one the editor ended stays ended (sessionForCreate tells).
-		if s, err = t.sessionForCreate(ctx, sid, cwd); err == nil {
+		if s, err = t.scope.SessionForCommand(ctx, sid, cwd); err == nil {
 			term, err = s.Start(ctx, cmd)
 		}
 	}
@@ -317,7 +290,7 @@ func (t *Terminals) openSession(ctx context.Context, params json.RawMessage) (an
 	if err := get(f, "image", false, &spec.Image); err != nil {
 		return nil, err
 	}
-	if c := t.m.Config().Session; spec.Image != "" && spec.Image != c.Image && !slices.Contains(c.Images, spec.Image) {
+	if c := t.scope.Config().Session; spec.Image != "" && spec.Image != c.Image && !slices.Contains(c.Images, spec.Image) {
 		return nil, invalidParams("image: %.200q is neither session.image nor one of session.images", spec.Image)
 	}
 	if err := get(f, "network", false, &spec.Network); err != nil {
@@ -338,26 +311,7 @@ func (t *Terminals) openSession(ctx context.Context, params json.RawMessage) (an
 			return nil, invalidParams("%s: %v", name, err)
 		}
 	}
-	if err := t.checkWorkspace("cwd", spec.Dir); err != nil {
-		return nil, err
-	}
-	for i, d := range spec.ExtraDirs {
-		if err := t.checkWorkspace(fmt.Sprintf("additionalDirectories[%d]", i), d); err != nil {
-			return nil, err
-		}
-	}
-	// The connection's workspace holds them all, and is what is mounted:
-	// a directory the peer names is never a mount source.
-	spec.Workspace, spec.ExtraDirs = t.workspace, nil
-	t.mu.Lock()
-	_, exists := t.sessions[spec.ID]
-	t.mu.Unlock()
-	if exists {
-		if _, err := t.m.Get(ctx, t.key(spec.ID)); !errors.Is(err, sandbox.ErrNotFound) {
-			return nil, invalidParams("sessionId: session %q is already open", spec.ID)
-		}
-	}
-	s, err := t.open(ctx, spec.ID, spec, &spec, true)
+	s, err := t.scope.Open(ctx, spec)
 	if err != nil {
 		return nil, err
 	}
@@ -383,7 +337,7 @@ func (t *Terminals) closeSession(ctx context.Context, params json.RawMessage) (a
 	if err := get(f, "sessionId", true, &sid); err != nil {
 		return nil, err
 	}
-	if err := t.CloseSession(ctx, sid); err != nil {
+	if err := t.scope.CloseSession(ctx, sid); err != nil {
 		return nil, err
 	}
 	return struct{}{}, nil

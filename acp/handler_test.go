@@ -16,7 +16,7 @@ import (
 // the sweep ends what is left), and says so rather than -32800.
 func TestCancelledReleaseStillReleases(t *testing.T) {
 	e := newFakeEngine(t)
-	terms := NewTerminals(e.m, "test", t.TempDir(), sandbox.SessionSpec{})
+	terms := newTerminals(e.m, "test", t.TempDir(), sandbox.SessionSpec{})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	res, err := terms.create(ctx, json.RawMessage(`{"sessionId":"s","command":"sleep","args":["60"]}`))
@@ -27,13 +27,13 @@ func TestCancelledReleaseStillReleases(t *testing.T) {
 	params := json.RawMessage(`{"sessionId":"s","terminalId":"` + id + `"}`)
 	// A terminal/kill under way, whose signal's exec the engine holds:
 	// the release waits on it.
-	before := e.execs.Load()
+	before := e.Execs.Load()
 	killed := make(chan error, 1)
 	go func() {
 		_, err := terms.kill(ctx, params)
 		killed <- err
 	}()
-	for e.execs.Load() == before {
+	for e.Execs.Load() == before {
 		if ctx.Err() != nil {
 			t.Fatal("the kill sent no signal")
 		}
@@ -47,7 +47,7 @@ func TestCancelledReleaseStillReleases(t *testing.T) {
 	if _, err := terms.output(ctx, params); err == nil || !strings.Contains(err.Error(), "unknown terminal") {
 		t.Errorf("output after the release: %v, want the terminal unknown", err)
 	}
-	close(e.output) // every exec ends: the kill's and the sweep's too
+	close(e.Output) // every exec ends: the kill's and the sweep's too
 	if err := <-killed; err != nil {
 		t.Errorf("kill: %v", err)
 	}

@@ -166,7 +166,7 @@ func ServeListener(ctx context.Context, ln net.Listener, m *sandbox.Manager, wor
 			defer wg.Done()
 			clog := log.With("conn", n)
 			clog.Info("connection opened")
-			t := NewTerminals(m, fmt.Sprintf("conn%d", n), workspace, sandbox.SessionSpec{})
+			t := NewTerminals(m.NewScope(fmt.Sprintf("conn%d", n), workspace, sandbox.SessionSpec{}))
 			if err := Serve(ctx, c, t, clog); err != nil {
 				clog.Warn("connection closed with errors", "err", err)
 			}

@@ -285,7 +285,7 @@ func (p *Proxy) lookup(sessionID, terminalID string) *sandbox.Terminal {
 	}
 	now, cancel := context.WithCancel(p.ctx)
 	cancel() // done: Session does not wait
-	s, err := p.terms.Session(now, sessionID)
+	s, err := p.terms.scope.Session(now, sessionID)
 	if err != nil {
 		return nil
 	}

@@ -84,7 +84,7 @@ func TestWrapRewriteUpdate(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			p := NewProxy(NewTerminals(nil, "test", "/", sandbox.SessionSpec{}), pipeConn{}, pipeConn{Writer: io.Discard}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			p := NewProxy(newTerminals(nil, "test", "/", sandbox.SessionSpec{}), pipeConn{}, pipeConn{Writer: io.Discard}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 			p.editorMeta = tc.editorMeta
 			var m message
 			json.Unmarshal([]byte(tc.line), &m)
@@ -102,7 +102,7 @@ func TestWrapRewriteUpdate(t *testing.T) {
 // terminal in a tool call without content and shows it in a later update
 // has that update forwarded as it wrote it, not turned into a note.
 func TestWrapAgentTerminalNamedBeforeItIsShown(t *testing.T) {
-	p := NewProxy(NewTerminals(nil, "test", "/", sandbox.SessionSpec{}), pipeConn{}, pipeConn{Writer: io.Discard}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	p := NewProxy(newTerminals(nil, "test", "/", sandbox.SessionSpec{}), pipeConn{}, pipeConn{Writer: io.Discard}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	for _, line := range []string{
 		`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c1","title":"ls","_meta":{"terminal_info":{"terminal_id":"own1"}}}}}`,
 		`{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call_update","toolCallId":"c1","content":[{"type":"terminal","terminalId":"own1"}]}}}`,
@@ -123,7 +123,7 @@ func TestWrapAgentTerminalNamedBeforeItIsShown(t *testing.T) {
 // editor at once; the messages after it must not wait for the container.
 func TestWrapProxyDoesNotWaitForAColdStart(t *testing.T) {
 	e := newFakeEngine(t, "create")
-	defer e.release()
+	defer e.Release()
 	pp := startProxyWith(t, e.m)
 	pp.newSession(t, "s")
 	tests := []struct {

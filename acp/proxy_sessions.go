@@ -50,7 +50,7 @@ func (p *Proxy) sessionAnswered(m message) {
 	if get(f, "cwd", false, &cwd) != nil || sessionID == "" || cwd == "" {
 		return
 	}
-	spec := p.terms.defaults
+	spec := p.terms.scope.Defaults()
 	// additionalDirectories is read as the agent reads it (the schema's
 	// x-deserialize-skip-invalid-items): an item that is no string is
 	// left out, the others are mounted.
@@ -61,7 +61,7 @@ func (p *Proxy) sessionAnswered(m message) {
 	p.mu.Unlock()
 	if !open {
 		// A command may have opened it before the agent answered.
-		before, open = p.terms.implicitSpec(spec.ID)
+		before, open = p.terms.scope.ImplicitSpec(spec.ID)
 	}
 	if open && !sameMounts(before, spec) {
 		// A container cannot gain or change mounts: a session loaded
@@ -75,7 +75,7 @@ func (p *Proxy) sessionAnswered(m message) {
 	p.mu.Unlock()
 	// Prepare reserves the session at once, so a terminal request that
 	// follows waits for the container instead of finding no session.
-	p.terms.Prepare(spec)
+	p.terms.scope.Prepare(spec)
 }
 
 // sameMounts tells whether two specs of a session mount the same
@@ -130,7 +130,7 @@ func (p *Proxy) closeSession(id string) {
 	p.embedOrder = order
 	p.mu.Unlock()
 	p.updates.Unlock()
-	remove := p.terms.End(id)
+	remove := p.terms.scope.End(id)
 	if remove == nil {
 		return
 	}

@@ -89,7 +89,7 @@ func TestWrapProxySessionUsedBeforeItsAnswer(t *testing.T) {
 	recv(t, pp.editor)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := pp.p.terms.Session(ctx, "s")
+	s, err := pp.p.terms.scope.Session(ctx, "s")
 	if err != nil || s.Workspace() != dir {
 		t.Fatalf("session s after the answer: %v, %v; want workspace %s", s, err, dir)
 	}

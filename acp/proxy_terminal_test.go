@@ -125,7 +125,7 @@ func TestWrapProxyCancelUnderAnIDInFlight(t *testing.T) {
 	if got := recv(t, pp.agent); !strings.Contains(got, `"id":9`) || !strings.Contains(got, "already in use") {
 		t.Errorf("the cancellation got %q, want an error for its id", got)
 	}
-	close(e.output)
+	close(e.Output)
 	if got := recv(t, pp.agent); !strings.Contains(got, `"id":9`) || !strings.Contains(got, `"exitCode":0`) {
 		t.Errorf("the wait got %q, want its exit status", got)
 	}

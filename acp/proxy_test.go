@@ -107,7 +107,7 @@ func startProxyIn(t *testing.T, m *sandbox.Manager, workspace string) *proxyPeer
 		logs: &syncBuffer{}, ended: make(chan error, 1),
 	}
 	log := slog.New(slog.NewTextHandler(pp.logs, nil))
-	p := NewProxy(NewTerminals(m, "test", workspace, sandbox.SessionSpec{}), pipeConn{edInR, edOutW}, pipeConn{agOutR, agInW}, log)
+	p := NewProxy(newTerminals(m, "test", workspace, sandbox.SessionSpec{}), pipeConn{edInR, edOutW}, pipeConn{agOutR, agInW}, log)
 	// Over-long messages without pushing 64 MiB through a pipe.
 	p.editor.max, p.agent.max = testMaxMessage, testMaxMessage
 	ctx, cancel := context.WithCancel(context.Background())
@@ -293,12 +293,12 @@ func TestWrapProxyAnswersForOverlongMessages(t *testing.T) {
 // editor that stopped reading), so that the wrap can stop the agent.
 func TestWrapProxyRunEndsWithWorkStuck(t *testing.T) {
 	e := newFakeEngine(t, "remove")
-	defer e.release()
+	defer e.Release()
 	pp := startProxyWith(t, e.m)
 	pp.newSession(t, "s")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := pp.p.terms.Session(ctx, "s"); err != nil {
+	if _, err := pp.p.terms.scope.Session(ctx, "s"); err != nil {
 		t.Fatalf("session s did not start: %v", err)
 	}
 	send(t, pp.toProxyFromEditor, `{"jsonrpc":"2.0","id":2,"method":"session/close","params":{"sessionId":"s"}}`+"\n")

@@ -24,7 +24,7 @@ func TestWrapProxyFirstRefreshWaits(t *testing.T) {
 	if got := recv(t, pp.editor); !strings.Contains(got, `"sessionUpdate":"tool_call"`) || strings.Contains(got, id+`"}`) {
 		t.Fatalf("editor got %q, want the tool call with the terminal as text", got)
 	}
-	e.output <- []byte("building\n")
+	e.Output <- []byte("building\n")
 	got := recv(t, pp.editor)
 	if since := time.Since(shown); since < refreshInterval*8/10 {
 		t.Errorf("first refresh %v after the tool call, want %v or more", since, refreshInterval)
@@ -32,7 +32,7 @@ func TestWrapProxyFirstRefreshWaits(t *testing.T) {
 	if !strings.Contains(got, `"sessionUpdate":"tool_call_update"`) || !strings.Contains(got, `building\n`) {
 		t.Errorf("editor got %q, want a refresh with the output", got)
 	}
-	close(e.output)
+	close(e.Output)
 	if got := recv(t, pp.editor); !strings.Contains(got, `[exit code 0]`) {
 		t.Errorf("editor got %q, want the output with the exit code", got)
 	}
@@ -54,12 +54,12 @@ func TestWrapProxyMarksOutputItCouldNotShow(t *testing.T) {
 	if got := recv(t, pp.editor); !strings.HasPrefix(got, head) || !strings.HasSuffix(got, tail) {
 		t.Fatalf("editor got %q, want %q...%q", got, head, tail)
 	}
-	e.output <- []byte("0123456789")
+	e.Output <- []byte("0123456789")
 	want := `"data":"\r\n[sandboxd: 6 bytes of output not shown]\r\n6789"`
 	if got := recv(t, pp.editor); !strings.Contains(got, want) {
 		t.Errorf("editor got %q, want terminal_output with %s", got, want)
 	}
-	close(e.output)
+	close(e.Output)
 	if got := recv(t, pp.editor); !strings.Contains(got, `"terminal_exit"`) {
 		t.Errorf("editor got %q, want terminal_exit", got)
 	}
@@ -83,11 +83,11 @@ func TestWrapProxyShowsALateTerminalAsTextToZed(t *testing.T) {
 	if got := recv(t, pp.editor); strings.Contains(got, "terminal_info") || strings.Contains(got, `"terminalId"`) || !strings.Contains(got, `"type":"text"`) {
 		t.Errorf("editor got %q, want the terminal as text", got)
 	}
-	e.output <- []byte("building\n")
+	e.Output <- []byte("building\n")
 	if got := recv(t, pp.editor); !strings.Contains(got, `building\n`) {
 		t.Errorf("editor got %q, want a refresh with the output", got)
 	}
-	close(e.output)
+	close(e.Output)
 	if got := recv(t, pp.editor); !strings.Contains(got, `[exit code 0]`) {
 		t.Errorf("editor got %q, want the output with the exit code", got)
 	}
@@ -145,8 +145,8 @@ func TestWrapProxyCompletionKeepsTheFinalOutput(t *testing.T) {
 	if got := recv(t, pp.editor); !strings.Contains(got, `"type":"text"`) {
 		t.Fatalf("editor got %q, want the terminal as text", got)
 	}
-	e.output <- []byte("built\n")
-	close(e.output)
+	e.Output <- []byte("built\n")
+	close(e.Output)
 	waitExited(t, e, id)
 	completed := `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call_update","toolCallId":"c","status":"completed","content":` + content + `}}}` + "\n"
 	send(t, pp.toProxyFromAgent, completed)
@@ -196,7 +196,7 @@ func TestWrapProxyEndedContentIsWhatTheEditorHas(t *testing.T) {
 			send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call","toolCallId":"c","content":`+content+`}}}`+"\n")
 			recv(t, pp.editor)
 			if !tc.running {
-				close(e.output)
+				close(e.Output)
 				waitExited(t, e, id)
 			}
 			send(t, pp.toProxyFromAgent, tc.between+"\n")
@@ -204,7 +204,7 @@ func TestWrapProxyEndedContentIsWhatTheEditorHas(t *testing.T) {
 				// the final refresh comes first
 			}
 			if tc.running {
-				close(e.output)
+				close(e.Output)
 				waitExited(t, e, id)
 			}
 			next := `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"tool_call_update","toolCallId":"c","content":[]}}}` + "\n"
@@ -249,8 +249,8 @@ func TestWrapProxyFinalOutputBeforeTheAnswer(t *testing.T) {
 				lines <- line
 			}
 		}()
-		e.output <- []byte("hello\n")
-		close(e.output)
+		e.Output <- []byte("hello\n")
+		close(e.Output)
 		send(t, pp.toProxyFromAgent, `{"jsonrpc":"2.0","id":5,"method":"terminal/wait_for_exit","params":{"sessionId":"s","terminalId":"`+id+`"}}`+"\n")
 		if got := recv(t, pp.agent); !strings.Contains(got, `"exitCode":0`) {
 			t.Fatalf("agent got %q, want the exit", got)
@@ -286,7 +286,7 @@ func TestWrapProxyShowsARepeatedTerminalOnce(t *testing.T) {
 	pp := startProxyWith(t, e.m)
 	pp.newSession(t, "s")
 	id := pp.createTerminal(t, ``)
-	e.output <- bytes.Repeat([]byte("x"), 70<<10)
+	e.Output <- bytes.Repeat([]byte("x"), 70<<10)
 	const repeats = 200
 	item := `{"type":"terminal","terminalId":"` + id + `"}`
 	content := "[" + strings.TrimSuffix(strings.Repeat(item+",", repeats), ",") + "]"
@@ -331,8 +331,8 @@ func TestWrapProxyStopsRefreshingReplacedContent(t *testing.T) {
 			}
 			// The terminal prints and ends: a watch still running would
 			// show it before the agent's next line.
-			e.output <- []byte("late output\n")
-			close(e.output)
+			e.Output <- []byte("late output\n")
+			close(e.Output)
 			waitExited(t, e, id)
 			marker := `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"next"}}}}` + "\n"
 			send(t, pp.toProxyFromAgent, marker)
@@ -362,7 +362,7 @@ func TestWrapProxyStreamsToZedWhatAReshownTerminalWrote(t *testing.T) {
 	if got := recv(t, pp.editor); got != hides {
 		t.Fatalf("editor got %q, want the update as sent", got)
 	}
-	e.output <- []byte("meanwhile\n")
+	e.Output <- []byte("meanwhile\n")
 	send(t, pp.toProxyFromAgent, shows)
 	if got := recv(t, pp.editor); got != shows {
 		t.Fatalf("editor got %q, want the update as sent", got)
@@ -393,8 +393,8 @@ func TestWrapProxyTellsZedOfAnEndWhileHidden(t *testing.T) {
 	if got := recv(t, pp.editor); got != hides {
 		t.Fatalf("editor got %q, want the update as sent", got)
 	}
-	e.output <- []byte("last words\n")
-	close(e.output)
+	e.Output <- []byte("last words\n")
+	close(e.Output)
 	waitExited(t, e, id)
 	marker := `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"next"}}}}` + "\n"
 	send(t, pp.toProxyFromAgent, marker)

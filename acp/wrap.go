@@ -9,9 +9,6 @@ import (
 	"os/exec"
 	"syscall"
 	"time"
-
-	"github.com/sandboxd/sandboxd/limits"
-	"github.com/sandboxd/sandboxd/sandbox"
 )
 
 // drainTimeout is how long the proxy keeps relaying after the agent exited:
@@ -84,11 +81,8 @@ func Wrap(ctx context.Context, terms *Terminals, editor io.ReadWriteCloser, agen
 	}()
 
 	// Editors start the agent in the project they then open a session for:
-	// have a container for it running before it is asked for. A spare
-	// with other limits than the configured ones would never fit.
-	if defaults := terms.defaults; defaults.Limits == (limits.Limits{}) {
-		terms.m.KeepSpare(sandbox.SessionSpec{ID: "spare", Workspace: terms.workspace, Image: defaults.Image, Network: defaults.Network})
-	}
+	// have a container for it running before it is asked for.
+	terms.scope.KeepSpare()
 	p := NewProxy(terms, editor, pipe{agentOut, agentIn}, log)
 	pctx, stopProxy := context.WithCancel(ctx)
 	defer stopProxy()

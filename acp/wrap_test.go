@@ -36,7 +36,7 @@ func TestWrapRelaysTheAgentsLastLines(t *testing.T) {
 			go func() {
 				// Limits of their own: no spare container, so no manager
 				// needed.
-				terms := NewTerminals(nil, "t", "/", sandbox.SessionSpec{Limits: limits.Limits{Pids: 10}})
+				terms := newTerminals(nil, "t", "/", sandbox.SessionSpec{Limits: limits.Limits{Pids: 10}})
 				code, _ := Wrap(context.Background(), terms, pipeConn{edInR, edOutW}, Agent{Argv: []string{"sh", "-c", script, "sh", exited}, Stderr: io.Discard, Grace: time.Second}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 				done <- code
 			}()

@@ -8,8 +8,8 @@ import (
 	"log/slog"
 	"net"
 
-	"github.com/sandboxd/sandboxd/acp"
 	"github.com/sandboxd/sandboxd/ahp"
+	"github.com/sandboxd/sandboxd/sandbox"
 )
 
 // ahpFlags are the flags of the AHP terminal channel, on serve and wrap.
@@ -43,8 +43,8 @@ func (a *ahpFlags) check() error {
 }
 
 // start serves AHP in the background when --ahp-listen is set. Terminals
-// run in terms' sessions.
-func (a *ahpFlags) start(ctx context.Context, terms *acp.Terminals, workspace string, log *slog.Logger, stderr io.Writer) (wait func(), err error) {
+// run in scope's sessions.
+func (a *ahpFlags) start(ctx context.Context, scope *sandbox.Scope, log *slog.Logger, stderr io.Writer) (wait func(), err error) {
 	if a.listen == "" {
 		return func() {}, nil
 	}
@@ -52,7 +52,7 @@ func (a *ahpFlags) start(ctx context.Context, terms *acp.Terminals, workspace st
 	if err != nil {
 		return nil, err
 	}
-	srv := ahp.NewServer(ctx, ahp.Config{Token: token, Origins: a.origins, MaxContent: int(a.maxContent), Workspace: workspace, Sessions: terms.SessionFor}, log)
+	srv := ahp.NewServer(ctx, ahp.Config{Token: token, Origins: a.origins, MaxContent: int(a.maxContent), Workspace: scope.Workspace(), Sessions: scope.SessionFor}, log)
 	var file string
 	ready := make(chan error, 1)
 	done := make(chan struct{})

@@ -53,13 +53,13 @@ func cmdServe(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 	// On stdio AHP terminals share the one peer's sessions, so a person
 	// types where the agent works; the socket's peers are kept apart from
 	// each other and from AHP.
-	terms := acp.NewTerminals(m, "ahp", workspace, sandbox.SessionSpec{})
+	scope := m.NewScope("ahp", workspace, sandbox.SessionSpec{})
 	if *listen == "stdio" {
-		terms = acp.NewTerminals(m, "stdio", workspace, sandbox.SessionSpec{})
+		scope = m.NewScope("stdio", workspace, sandbox.SessionSpec{})
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	waitAHP, err := ah.start(ctx, terms, workspace, log, stderr)
+	waitAHP, err := ah.start(ctx, scope, log, stderr)
 	if err != nil {
 		return err
 	}
@@ -69,7 +69,7 @@ func cmdServe(ctx context.Context, args []string, stdin io.Reader, stdout, stder
 		log.Info("serving ACP on stdio")
 		peer := acp.NewStdio(stdin, stdout)
 		defer peer.Close()
-		return acp.Serve(ctx, peer, terms, log)
+		return acp.Serve(ctx, peer, acp.NewTerminals(scope), log)
 	}
 	path := strings.TrimPrefix(*listen, "unix:")
 	ln, err := acp.ListenUnix(path, log)

@@ -91,10 +91,10 @@ func cmdWrap(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	if wd, err := os.Getwd(); err == nil {
 		agent.Dir = wd
 	}
-	terms := acp.NewTerminals(m, "wrap", workspace, defaults)
+	scope := m.NewScope("wrap", workspace, defaults)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	waitAHP, err := ah.start(ctx, terms, workspace, log, stderr)
+	waitAHP, err := ah.start(ctx, scope, log, stderr)
 	if err != nil {
 		return 0, err
 	}
@@ -102,5 +102,5 @@ func cmdWrap(ctx context.Context, args []string, stdin io.Reader, stdout, stderr
 	defer cancel()
 	editor := acp.NewStdio(stdin, stdout)
 	defer editor.Close()
-	return acp.Wrap(ctx, terms, editor, agent, log)
+	return acp.Wrap(ctx, acp.NewTerminals(scope), editor, agent, log)
 }
