@@ -10,6 +10,7 @@ require (
 	github.com/distribution/reference v0.6.0
 	github.com/moby/moby/api v1.56.1
 	github.com/moby/moby/client v0.6.2
+	github.com/moby/profiles/seccomp v0.3.0
 	github.com/opencontainers/runtime-spec v1.3.0
 	github.com/sourcegraph/jsonrpc2 v0.2.3
 	golang.org/x/sys v0.33.0

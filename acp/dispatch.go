@@ -173,24 +173,23 @@ func duplicateID(id string) error {
 }
 
 // reply writes the answer to a request itself, encoded once and without
-// the HTML escaping encoding/json does by default: through the library a
-// terminal's output (up to 16 MiB) was encoded twice, copied four times,
-// and grew six-fold for every '<', '>' and '&'.
+// the HTML escaping encoding/json does by default (through the library a
+// terminal's output, up to 16 MiB, was encoded twice, copied four times,
+// and grew six-fold for every '<', '>' and '&'); a terminal's output is
+// encoded into the connection as the peer reads it (WriteReply).
 func (d *Dispatcher) reply(id jsonrpc2.ID, res any) error {
 	if res == nil {
 		res = json.RawMessage("null")
 	}
-	// In the member order of the library's own answers (errors), the id
-	// first, where restoreNegativeID finds it.
-	b, err := marshal(struct {
-		ID      jsonrpc2.ID `json:"id"`
-		Result  any         `json:"result"`
-		JSONRPC string      `json:"jsonrpc"`
-	}{id, res, "2.0"})
-	if err != nil {
-		return err
+	wire := json.RawMessage(strings.TrimPrefix(id.Str, negativeID))
+	if !id.IsString || !strings.HasPrefix(id.Str, negativeID) {
+		b, err := marshal(id)
+		if err != nil {
+			return err
+		}
+		wire = b
 	}
-	return d.stream.WriteLine(restoreNegativeID(b))
+	return d.stream.WriteReply(wire, res)
 }
 
 func (d *Dispatcher) replyError(ctx context.Context, conn *jsonrpc2.Conn, req *jsonrpc2.Request, err error) {
@@ -257,6 +256,7 @@ func Serve(ctx context.Context, rwc io.ReadWriteCloser, t *Terminals, log *slog.
 	stream := NewLineStream(rwc, log)
 	stream.max = MaxRequestSize
 	d := NewDispatcher(t, stream, log)
+	d.limit.shared = t.scope.Config().RequestMemory()
 	conn := jsonrpc2.NewConn(ctx, stream, d, jsonrpc2.SetLogger(debugLog{log}))
 	select {
 	case <-conn.DisconnectNotify():

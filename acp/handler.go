@@ -1,15 +1,19 @@
 package acp
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"strconv"
+	"sync"
 
 	"github.com/sourcegraph/jsonrpc2"
 
+	"github.com/sandboxd/sandboxd/internal/audit"
 	"github.com/sandboxd/sandboxd/internal/jsonrpc"
 	"github.com/sandboxd/sandboxd/limits"
 	"github.com/sandboxd/sandboxd/sandbox"
@@ -43,6 +47,10 @@ func IsTerminalMethod(method string) bool {
 // their ids.
 type Terminals struct {
 	scope *sandbox.Scope
+	// audit, when set, records every command's start and end (wrap's
+	// --audit: SetAudit); auditing counts the ends still to record.
+	audit    *audit.Log
+	auditing sync.WaitGroup
 }
 
 // NewTerminals returns the terminal service for the connection whose
@@ -141,7 +149,7 @@ func (t *Terminals) terminal(ctx context.Context, params json.RawMessage) (*sand
 }
 
 func (t *Terminals) create(ctx context.Context, params json.RawMessage) (any, error) {
-	f, err := decodeFields(params, "")
+	f, err := decodeParams(ctx, params)
 	if err != nil {
 		return nil, err
 	}
@@ -170,16 +178,19 @@ func (t *Terminals) create(ctx context.Context, params json.RawMessage) (any, er
 		Name  *string `json:"name"`
 		Value *string `json:"value"`
 	}
-	_, err = items(f, "env", func(field string, e envVariable) error {
+	env, err := items(f, "env", func(field string, e envVariable) error {
 		if e.Name == nil || e.Value == nil {
 			return nil // no item, as the schema reads it
 		}
-		v := sandbox.EnvVar{Name: *e.Name, Value: *e.Value}
-		cmd.Env = append(cmd.Env, v)
-		return sandbox.CheckEnvVar(field, v)
+		return sandbox.CheckEnvVar(field, sandbox.EnvVar{Name: *e.Name, Value: *e.Value})
 	})
 	if err != nil {
 		return nil, err
+	}
+	for _, e := range env {
+		if e.Name != nil && e.Value != nil {
+			cmd.Env = append(cmd.Env, sandbox.EnvVar{Name: *e.Name, Value: *e.Value})
+		}
 	}
 	if err := lenient(f, "cwd", &cwd); err != nil {
 		return nil, err
@@ -192,6 +203,10 @@ func (t *Terminals) create(ctx context.Context, params json.RawMessage) (any, er
 	if f.present("outputByteLimit") && get(f, "outputByteLimit", false, &limit) == nil {
 		n := int64(min(limit, uint64(t.scope.Config().Terminal.MaxOutputByteLimit)))
 		cmd.OutputLimit = &n
+	}
+	// A command that cannot run opens no session.
+	if err := cmd.Check(); err != nil {
+		return nil, err
 	}
 
 	s, err := t.scope.SessionForCommand(ctx, sid, cwd)
@@ -210,6 +225,7 @@ func (t *Terminals) create(ctx context.Context, params json.RawMessage) (any, er
 	if err != nil {
 		return nil, err
 	}
+	t.auditCommand(sid, s, term)
 	return CreateTerminalResponse{TerminalID: term.ID}, nil
 }
 
@@ -230,12 +246,52 @@ type outputAnswer struct{ term *sandbox.Terminal }
 
 func (a outputAnswer) build() any {
 	out, truncated, st := a.term.Output()
-	res := TerminalOutputResponse{Output: string(out), Truncated: truncated}
+	res := outputReply{out: out, truncated: truncated}
 	if st != nil {
 		es := exitStatus(*st)
-		res.ExitStatus = &es
+		res.status = &es
 	}
 	return res
+}
+
+// outputReply is a terminal/output result, encoded as
+// TerminalOutputResponse is, but into the connection as it is written
+// (streamedJSON): once encoded, a terminal's output can be six times its
+// size.
+type outputReply struct {
+	out       []byte
+	truncated bool
+	status    *ExitStatus
+}
+
+func (r outputReply) writeJSON(w *bufio.Writer) error {
+	w.WriteString(`{"output":`)
+	if err := writeJSONString(w, r.out); err != nil {
+		return err
+	}
+	w.WriteString(`,"truncated":` + strconv.FormatBool(r.truncated))
+	if r.status != nil {
+		b, err := marshal(r.status)
+		if err != nil {
+			return err
+		}
+		w.WriteString(`,"exitStatus":`)
+		w.Write(b)
+	}
+	return w.WriteByte('}')
+}
+
+// MarshalJSON encodes r whole, for a writer that takes answers whole.
+func (r outputReply) MarshalJSON() ([]byte, error) {
+	var b bytes.Buffer
+	w := bufio.NewWriter(&b)
+	if err := r.writeJSON(w); err != nil {
+		return nil, err
+	}
+	if err := w.Flush(); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
 }
 
 func (t *Terminals) waitForExit(ctx context.Context, params json.RawMessage) (any, error) {
@@ -276,7 +332,7 @@ func (t *Terminals) release(ctx context.Context, params json.RawMessage) (any, e
 }
 
 func (t *Terminals) openSession(ctx context.Context, params json.RawMessage) (any, error) {
-	f, err := decodeFields(params, "")
+	f, err := decodeParams(ctx, params)
 	if err != nil {
 		return nil, err
 	}

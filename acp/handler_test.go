@@ -1,9 +1,12 @@
 package acp
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -71,5 +74,65 @@ func TestCreateNamesItemsByTheirPlace(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, sandbox.ErrInvalid) {
 			t.Errorf("%.120s: err = %v, want %q", tc.params, err, tc.want)
 		}
+	}
+}
+
+// TestOutputReplyIsTerminalOutputResponse: a terminal/output answer,
+// encoded a chunk at a time into the connection, is byte for byte what
+// encoding/json makes of a TerminalOutputResponse: control bytes, HTML
+// characters, U+2028, bytes that are no UTF-8, characters across chunks.
+func TestOutputReplyIsTerminalOutputResponse(t *testing.T) {
+	chunk := replyChunk / 6
+	long := bytes.Repeat([]byte("é"), chunk) // 2 bytes each: chunks cut one
+	for i := range long {
+		if i%7919 == 0 {
+			long[i] = 0xff
+		}
+	}
+	code := 3
+	for _, tc := range []struct {
+		name   string
+		out    []byte
+		status *ExitStatus
+	}{
+		{"empty", nil, nil},
+		{"control", bytes.Repeat([]byte{1}, 3*chunk+5), &ExitStatus{ExitCode: &code}},
+		{"special", []byte("a<b>&c\u2028\u2029\"\\\t\n\r\x7f\xe2\x82"), nil},
+		{"characters cut by chunks", long, nil},
+		{"four-byte characters", bytes.Repeat([]byte("x😀"), chunk), nil},
+	} {
+		want, err := marshal(TerminalOutputResponse{Output: string(tc.out), Truncated: true, ExitStatus: tc.status})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := outputReply{out: tc.out, truncated: true, status: tc.status}
+		got, err := marshal(r)
+		if err != nil || !bytes.Equal(got, want) {
+			t.Errorf("%s: marshalled %.200s, %v; want %.200s", tc.name, got, err, want)
+		}
+		var line bytes.Buffer
+		s := NewLineStream(pipeConn{strings.NewReader(""), &line}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if err := s.WriteReply(json.RawMessage(`-4`), r); err != nil {
+			t.Fatal(err)
+		}
+		if w := `{"id":-4,"result":` + string(want) + `,"jsonrpc":"2.0"}` + "\n"; line.String() != w {
+			t.Errorf("%s: streamed %.200s, want %.200s", tc.name, line.String(), w)
+		}
+	}
+}
+
+// TestCreateThatCannotRunOpensNoSession: a command refused as it is (here:
+// args past what execve takes) is refused before its session is opened.
+func TestCreateThatCannotRunOpensNoSession(t *testing.T) {
+	e := newFakeEngine(t)
+	terms := newTerminals(e.m, "test", t.TempDir(), sandbox.SessionSpec{})
+	args := `"` + strings.Repeat("a", 100<<10) + `",`
+	params := `{"sessionId":"s","command":"true","args":[` + strings.Repeat(args, 20) + `"a"]}`
+	_, err := terms.create(context.Background(), json.RawMessage(params))
+	if err == nil || !strings.Contains(err.Error(), "more than the") {
+		t.Fatalf("create past ARG_MAX: %v, want it refused", err)
+	}
+	if n := e.m.Sessions(); n != 0 {
+		t.Errorf("%d sessions opened for it", n)
 	}
 }

@@ -3,10 +3,12 @@ package acp
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/sandboxd/sandboxd/internal/jsonrpc"
+	"github.com/sandboxd/sandboxd/sandbox"
 )
 
 func TestRequestLimiter(t *testing.T) {
@@ -112,4 +114,48 @@ func TestOutputsWaitingForTheirSessionHoldNoSlot(t *testing.T) {
 			t.Errorf("slow output = %v", res)
 		}
 	}
+}
+
+// TestConnectionsShareTheInstanceBound: what the requests of several
+// connections hold, read or decoded, is bounded together (the instance's
+// sandbox.Config.RequestMemory), not each connection's apart.
+func TestConnectionsShareTheInstanceBound(t *testing.T) {
+	shared := sandbox.NewMemoryPool(3 * MaxRequestSize)
+	one, two := newRequestLimiter(), newRequestLimiter()
+	one.shared, two.shared = shared, shared
+	r1, err := one.acquire(MethodCreate, 2*MaxRequestSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := two.acquire(MethodCreate, 2*MaxRequestSize); err == nil || !strings.Contains(err.Error(), "all of sandboxd's connections") {
+		t.Fatalf("a second connection past the instance's bound: %v, want it refused", err)
+	}
+	if two.n != 0 || two.bytes.Used() != 0 {
+		t.Errorf("a refused request left %d, %d counted", two.n, two.bytes.Used())
+	}
+	// What a handler charges counts too, and goes with the answer.
+	res, done, err := two.run(context.Background(), chargeHandler(MaxRequestSize), MethodCreate, nil)
+	if err != nil || res != "ok" {
+		t.Fatalf("charge within the bound: %v, %v", res, err)
+	}
+	if _, _, err := one.run(context.Background(), chargeHandler(1), MethodCreate, nil); err == nil {
+		t.Error("a charge past the instance's bound was taken")
+	}
+	done()
+	r1()
+	if r, err := two.acquire(MethodCreate, 3*MaxRequestSize); err != nil {
+		t.Errorf("after the answers: %v", err)
+	} else {
+		r()
+	}
+}
+
+// chargeHandler charges its size for every request.
+type chargeHandler int
+
+func (h chargeHandler) Handle(ctx context.Context, method string, params json.RawMessage) (any, error) {
+	if err := charge(ctx, int(h)); err != nil {
+		return nil, err
+	}
+	return "ok", nil
 }

@@ -9,9 +9,11 @@ import (
 	"io"
 	"log/slog"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/sourcegraph/jsonrpc2"
 
@@ -120,6 +122,76 @@ func (s *LineStream) WriteLine(b []byte) error {
 		return err
 	}
 	return nil
+}
+
+// streamedJSON is a value that encodes itself as JSON into a writer, a
+// piece at a time, so that it is never held whole once encoded.
+type streamedJSON interface {
+	writeJSON(w *bufio.Writer) error
+}
+
+// replyChunk is the most of a streamed reply written at once.
+const replyChunk = 64 << 10
+
+// WriteReply writes the answer res to the request whose id is id, as the
+// peer wrote it: {"id":...,"result":...,"jsonrpc":"2.0"}, the id first
+// as the library writes its own answers. A result that is streamedJSON is
+// encoded into the connection as it is written: what the reply holds is
+// then bounded by what the peer reads, not by the result's encoded size.
+func (s *LineStream) WriteReply(id json.RawMessage, res any) error {
+	st, streamed := res.(streamedJSON)
+	if !streamed {
+		b, err := marshal(res)
+		if err != nil {
+			return err
+		}
+		return s.WriteLine(slices.Concat([]byte(`{"id":`), id, []byte(`,"result":`), b, []byte(`,"jsonrpc":"2.0"}`)))
+	}
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	w := bufio.NewWriterSize(s.w, replyChunk)
+	w.WriteString(`{"id":`)
+	w.Write(id)
+	w.WriteString(`,"result":`)
+	if err := st.writeJSON(w); err != nil {
+		return err
+	}
+	w.WriteString(`,"jsonrpc":"2.0"}` + "\n")
+	return w.Flush()
+}
+
+// writeJSONString writes b as the JSON string that encoding/json makes of
+// string(b), without HTML escaping (as marshal), a chunk at a time.
+func writeJSONString(w *bufio.Writer, b []byte) error {
+	var chunk bytes.Buffer
+	enc := json.NewEncoder(&chunk)
+	enc.SetEscapeHTML(false)
+	w.WriteByte('"')
+	for len(b) > 0 {
+		n := min(len(b), replyChunk/6) // at most 6 bytes for one
+		if n < len(b) {
+			// Never inside a character: each half would become
+			// U+FFFD.
+			for k := n - 1; k > n-utf8.UTFMax && k > 0; k-- {
+				if utf8.RuneStart(b[k]) {
+					if !utf8.FullRune(b[k:n]) {
+						n = k
+					}
+					break
+				}
+			}
+		}
+		chunk.Reset()
+		if err := enc.Encode(string(b[:n])); err != nil {
+			return err
+		}
+		// Without the quotes and the newline Encode adds.
+		if _, err := w.Write(chunk.Bytes()[1 : chunk.Len()-2]); err != nil {
+			return err
+		}
+		b = b[n:]
+	}
+	return w.WriteByte('"')
 }
 
 // writeRaw writes one line that already ends with its newline, in one
@@ -261,9 +333,21 @@ func (s *LineStream) ReadObject(v any) error {
 		// library can be given.
 		// Members by their exact names, the last of a repeat, as the
 		// library reads them: a struct would also take "Id" for "id", and
-		// the answer would carry an id the peer did not send.
-		var head map[string]json.RawMessage
-		json.Unmarshal(line, &head) // a message that is no object fails below
+		// the answer would carry an id the peer did not send. Found in
+		// place: a copy of each would double what the line holds.
+		head, err := memberMap(line) // a message that is no object fails below
+		if errors.Is(err, errTooMany) {
+			// Refused before it is built (each member would cost
+			// tens of times its bytes).
+			m := &memberScan{}
+			m.Write(line)
+			var id json.RawMessage
+			if m.request {
+				id = m.id
+			}
+			s.replyError(id, jsonrpc.InvalidRequest, fmt.Sprintf("invalid request: more than %d members", maxMembers))
+			continue
+		}
 		id := head["id"]
 		var version string
 		_, hasMethod := head["method"]
@@ -345,8 +429,9 @@ func slimMessage(head map[string]json.RawMessage, libID json.RawMessage) (msg []
 	if method, ok := head["method"]; ok {
 		slim["method"] = method
 		// Kept from the library, which would decode them so and encode
-		// them again.
-		params = head["params"]
+		// them again; copied out of the line, which they would keep
+		// whole.
+		params = bytes.Clone(head["params"])
 	} else {
 		for _, k := range []string{"result", "error"} {
 			if v, ok := head[k]; ok {

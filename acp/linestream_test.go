@@ -58,6 +58,8 @@ func TestLineStreamSurvivesBadLines(t *testing.T) {
 		// Only "id" is the id: an "Id" beside it is no member of JSON-RPC.
 		{"an Id beside the id", `{"jsonrpc":"2.0","id":12,"Id":-1,"method":"nope","params":{}}`, jsonrpc.MethodNotFound},
 		{"an ID of null beside the id", `{"jsonrpc":"2.0","id":13,"ID":null,"method":"nope","params":{}}`, jsonrpc.MethodNotFound},
+		// Refused before a member is built, under its id all the same.
+		{"too many members", `{"jsonrpc":"2.0","id":14,"method":"echo",` + strings.Repeat(`"x":1,`, maxMembers) + `"params":{}}`, jsonrpc.InvalidRequest},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -3,9 +3,11 @@ package acp
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"unicode/utf8"
 )
 
 // memberSpan is where one member of a JSON object lies in its bytes: its
@@ -19,33 +21,17 @@ type memberSpan struct {
 // in order, repeats included. Rewrites edit messages through these spans,
 // so every byte they do not change reaches the peer as it was written.
 func objectMembers(obj []byte) ([]memberSpan, error) {
-	dec := json.NewDecoder(bytes.NewReader(obj))
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+	if i := skipSpace(obj, 0); i >= len(obj) || obj[i] != '{' || !json.Valid(obj) {
 		return nil, fmt.Errorf("not a JSON object")
 	}
 	var spans []memberSpan
-	prev := int(dec.InputOffset())
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return nil, err
-		}
-		name, _ := tok.(string)
-		var value json.RawMessage
-		if err := dec.Decode(&value); err != nil {
-			return nil, err
-		}
-		end := int(dec.InputOffset())
-		// Between the last value (or the brace) and a name there is
-		// only white space and a comma.
-		start := prev + len(obj[prev:]) - len(bytes.TrimLeft(obj[prev:], " \t\r\n,"))
-		spans = append(spans, memberSpan{name: name, start: start, valueStart: end - len(value), end: end})
-		prev = end
-	}
-	if _, err := dec.Token(); err != nil {
-		return nil, err
-	}
-	return spans, nil
+	err := splitJSON(obj, func(name, value []byte) error {
+		// Where in obj: both are obj's own bytes.
+		start, valueStart := cap(obj)-cap(name), cap(obj)-cap(value)
+		spans = append(spans, memberSpan{name: memberName(name), start: start, valueStart: valueStart, end: valueStart + len(value)})
+		return nil
+	})
+	return spans, err
 }
 
 // memberValue returns the raw value of the last member of obj named name,
@@ -120,3 +106,158 @@ func deleteMember(obj []byte, name string, fold bool) ([]byte, error) {
 	}
 	return append(out, obj[spans[len(spans)-1].end:]...), nil
 }
+
+// errNotContainer is splitJSON's answer for a value that is neither an
+// array nor an object; errMalformed for bytes that are not JSON.
+var (
+	errNotContainer = errors.New("not a JSON array or object")
+	errMalformed    = errors.New("not JSON")
+)
+
+// splitJSON calls f with each element of the JSON array or object raw, in
+// order, as subslices of raw, copying nothing: an object's members with
+// their name as written (quoted, escapes and all), an array's items with
+// a nil name. It stops at the first error of f and returns it. raw is to
+// be valid JSON (json.Valid): bytes that are not get errMalformed, or
+// are split wrong, never a panic.
+func splitJSON(raw []byte, f func(name, value []byte) error) error {
+	i := skipSpace(raw, 0)
+	if i >= len(raw) || raw[i] != '{' && raw[i] != '[' {
+		return errNotContainer
+	}
+	object := raw[i] == '{'
+	last := byte(']')
+	if object {
+		last = '}'
+	}
+	i = skipSpace(raw, i+1)
+	if i < len(raw) && raw[i] == last {
+		return nil
+	}
+	for {
+		var name []byte
+		if object {
+			end := skipString(raw, i)
+			if end < 0 {
+				return errMalformed
+			}
+			name = raw[i:end]
+			i = skipSpace(raw, end)
+			if i >= len(raw) || raw[i] != ':' {
+				return errMalformed
+			}
+			i = skipSpace(raw, i+1)
+		}
+		end := skipValue(raw, i)
+		if end < 0 {
+			return errMalformed
+		}
+		if err := f(name, raw[i:end]); err != nil {
+			return err
+		}
+		i = skipSpace(raw, end)
+		switch {
+		case i < len(raw) && raw[i] == ',':
+			i = skipSpace(raw, i+1)
+		case i < len(raw) && raw[i] == last:
+			return nil
+		default:
+			return errMalformed
+		}
+	}
+}
+
+func skipSpace(raw []byte, i int) int {
+	for i < len(raw) && (raw[i] == ' ' || raw[i] == '\t' || raw[i] == '\r' || raw[i] == '\n') {
+		i++
+	}
+	return i
+}
+
+// skipString returns where the string that starts at raw[i] ends (after
+// its closing quote), or -1.
+func skipString(raw []byte, i int) int {
+	if i >= len(raw) || raw[i] != '"' {
+		return -1
+	}
+	// Byte by byte: most strings of a long message are short, and a
+	// search for the next quote or backslash costs more to set up.
+	for j := i + 1; j < len(raw); j++ {
+		switch raw[j] {
+		case '\\':
+			j++ // and the byte it escapes
+		case '"':
+			return j + 1
+		}
+	}
+	return -1
+}
+
+// skipValue returns where the value that starts at raw[i] ends, or -1.
+func skipValue(raw []byte, i int) int {
+	if i >= len(raw) {
+		return -1
+	}
+	switch raw[i] {
+	case '"':
+		return skipString(raw, i)
+	case '{', '[':
+		depth := 0
+		for j := i; j < len(raw); j++ {
+			switch raw[j] {
+			case '"':
+				if j = skipString(raw, j); j < 0 {
+					return -1
+				}
+				j-- // at the closing quote
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return j + 1
+				}
+			}
+		}
+		return -1
+	}
+	// A number, true, false or null: up to what follows it.
+	j := i
+	for ; j < len(raw); j++ {
+		if c := raw[j]; c == ',' || c == '}' || c == ']' || c == ' ' || c == '\t' || c == '\r' || c == '\n' {
+			break
+		}
+	}
+	if j == i {
+		return -1
+	}
+	return j
+}
+
+// memberName is a member's name as splitJSON gives it, unquoted as
+// encoding/json reads it.
+func memberName(quoted []byte) string {
+	if bytes.IndexByte(quoted, '\\') < 0 && utf8.Valid(quoted) {
+		return string(quoted[1 : len(quoted)-1])
+	}
+	var s string
+	json.Unmarshal(quoted, &s) // a valid string: never fails
+	return s
+}
+
+// countJSON returns how many elements the JSON array or object raw has,
+// counting no further than max+1.
+func countJSON(raw []byte, max int) (int, error) {
+	n := 0
+	err := splitJSON(raw, func(_, _ []byte) error {
+		if n++; n > max {
+			return errStop
+		}
+		return nil
+	})
+	if errors.Is(err, errStop) {
+		err = nil
+	}
+	return n, err
+}
+
+var errStop = errors.New("stop")

@@ -2,6 +2,7 @@ package acp
 
 import (
 	"encoding/json"
+	"errors"
 	"reflect"
 	"testing"
 )
@@ -113,4 +114,54 @@ func decodeAny(t *testing.T, b []byte) any {
 
 func jsonEqual(t *testing.T, a, b []byte) bool {
 	return reflect.DeepEqual(decodeAny(t, a), decodeAny(t, b))
+}
+
+// FuzzSplitJSON: on any input splitJSON does not panic; on a valid JSON
+// object or array it finds what encoding/json does (memberMap the map it
+// decodes, the items the array it decodes), and countJSON counts them.
+func FuzzSplitJSON(f *testing.F) {
+	for _, s := range []string{`{}`, `[]`, ` [ 1 , "a\"]" , {"b":[2]} , null ] `, `{"\u0061":1,"a":2,"é":"}"}`, `{"a":[{"b":"\\"}]}`, `"x"`, `[1,`, `{"a"}`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		raw := []byte(s)
+		var items []string
+		splitErr := splitJSON(raw, func(name, value []byte) error {
+			items = append(items, string(name)+"="+string(value))
+			return nil
+		})
+		if !json.Valid(raw) {
+			return
+		}
+		n, err := countJSON(raw, 1<<20)
+		if err != splitErr || err == nil && n != len(items) {
+			t.Fatalf("countJSON(%s) = %d, %v; splitJSON found %d, %v", s, n, err, len(items), splitErr)
+		}
+		var arr []json.RawMessage
+		if json.Unmarshal(raw, &arr) == nil && arr != nil {
+			if splitErr != nil || len(arr) != len(items) {
+				t.Fatalf("splitJSON(%s): %q, %v; want %d items", s, items, splitErr, len(arr))
+			}
+			for i, v := range arr {
+				if "="+string(v) != items[i] {
+					t.Fatalf("splitJSON(%s) item %d = %s, want %s", s, i, items[i], v)
+				}
+			}
+			return
+		}
+		var want map[string]json.RawMessage
+		if json.Unmarshal(raw, &want) != nil || want == nil {
+			if !errors.Is(splitErr, errNotContainer) {
+				t.Fatalf("splitJSON(%s) of no container: %v", s, splitErr)
+			}
+			return
+		}
+		got, err := memberMap(raw)
+		if err != nil && !errors.Is(err, errTooMany) {
+			t.Fatalf("memberMap(%s): %v", s, err)
+		}
+		if err == nil && !reflect.DeepEqual(got, want) {
+			t.Fatalf("memberMap(%s) = %q, want %q", s, got, want)
+		}
+	})
 }

@@ -1,7 +1,9 @@
 package acp
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"unicode/utf8"
@@ -12,17 +14,103 @@ import (
 type fields struct {
 	path string // prefix for nested objects, e.g. "env[2]."
 	m    map[string]json.RawMessage
+	// charge counts what building an array takes against the budget of
+	// the request, before it is built (nil: not counted).
+	charge func(n int) error
 }
 
+// Bounds on what a peer can make sandboxd build from one request: the
+// bytes alone do not bound it, as a 4 MiB array of 1.4 million empty
+// strings grows to some 130 MB once built.
+const (
+	// maxMembers bounds the members of a request and of its params:
+	// ACP's have a handful.
+	maxMembers = 256
+	// maxItems bounds an array of a request: a command may be given
+	// at most 2 MiB in execve (Linux's ARG_MAX), of which every
+	// argument or variable takes at least 9 bytes (sandbox.Command.Check).
+	maxItems = 2 << 20 / 9
+	// itemCost bounds what one item costs once built, besides its
+	// bytes: its slot in the slice and the pointers and string headers
+	// decoding it makes.
+	itemCost = 64
+)
+
 func decodeFields(raw json.RawMessage, path string) (fields, error) {
-	var m map[string]json.RawMessage
+	name := strings.TrimSuffix(path, ".") + orParams(path)
 	if len(raw) == 0 || string(raw) == "null" {
-		return fields{}, invalidParams("%s: params must be an object", strings.TrimSuffix(path, ".")+orParams(path))
+		return fields{}, invalidParams("%s: params must be an object", name)
 	}
-	if err := json.Unmarshal(raw, &m); err != nil {
-		return fields{}, invalidParams("%s: must be an object", strings.TrimSuffix(path, ".")+orParams(path))
+	if !json.Valid(raw) {
+		return fields{}, invalidParams("%s: must be an object", name)
+	}
+	m, err := memberMap(raw)
+	if errors.Is(err, errTooMany) {
+		return fields{}, invalidParams("%s: more than %d members", name, maxMembers)
+	}
+	if err != nil {
+		return fields{}, invalidParams("%s: must be an object", name)
 	}
 	return fields{path: path, m: m}, nil
+}
+
+// decodeParams is decodeFields for the params of a request whose arrays
+// are counted against its budget (charge) before they are built.
+func decodeParams(ctx context.Context, raw json.RawMessage) (fields, error) {
+	f, err := decodeFields(raw, "")
+	f.charge = func(n int) error { return charge(ctx, n) }
+	return f, err
+}
+
+// errTooMany is memberMap's answer for an object of more than
+// maxMembers members.
+var errTooMany = errors.New("too many members")
+
+// memberMap returns the members of the JSON object raw by their names,
+// the last of a repeat, as encoding/json reads an object into a map; the
+// values are raw's own bytes. It fails for what is no object, and for an
+// object of more than maxMembers members, before it builds anything.
+func memberMap(raw []byte) (map[string]json.RawMessage, error) {
+	if i := skipSpace(raw, 0); i >= len(raw) || raw[i] != '{' {
+		return nil, errNotContainer
+	}
+	n, err := countJSON(raw, maxMembers)
+	if err != nil {
+		return nil, err
+	}
+	if n > maxMembers {
+		return nil, errTooMany
+	}
+	m := make(map[string]json.RawMessage, n)
+	err = splitJSON(raw, func(name, value []byte) error {
+		m[memberName(name)] = value
+		return nil
+	})
+	return m, err
+}
+
+// array returns the raw value of field name when it is an array, with
+// the number of its items; a value of another kind is nil. An array of
+// more than maxItems items is refused, and the cost of building the rest
+// is charged, before anything is built.
+func (f fields) array(name string) (json.RawMessage, int, error) {
+	raw := f.m[name]
+	if i := skipSpace(raw, 0); i >= len(raw) || raw[i] != '[' {
+		return nil, 0, nil
+	}
+	n, err := countJSON(raw, maxItems)
+	if err != nil {
+		return nil, 0, nil
+	}
+	if n > maxItems {
+		return nil, 0, invalidParams("%s%s: more than %d items, more than a command can be given", f.path, name, maxItems)
+	}
+	if f.charge != nil {
+		if err := f.charge(n*itemCost + len(raw)); err != nil {
+			return nil, 0, err
+		}
+	}
+	return raw, n, nil
 }
 
 func orParams(path string) string {
@@ -46,6 +134,12 @@ func get[T any](f fields, name string, required bool, dst *T) error {
 			return invalidParams("%s%s: required", f.path, name)
 		}
 		return nil
+	}
+	if _, isArray := any(dst).(*[]string); isArray {
+		// Counted before it is built.
+		if _, _, err := f.array(name); err != nil {
+			return err
+		}
 	}
 	if err := json.Unmarshal(f.m[name], dst); err != nil {
 		return invalidParams("%s%s: must be %s", f.path, name, typeName(dst))
@@ -72,25 +166,31 @@ const maxIDLen = 4096
 // the reference SDK reads it: a value that is not an array counts as
 // absent, and an item that does not decode as T is left out. check, when
 // not nil, sees each item kept with its name (name[i], i its place in
-// what the peer sent), and its error is the answer.
+// what the peer sent), and its error is the answer. The array is counted
+// before anything is built from it (fields.array).
 func items[T any](f fields, name string, check func(field string, v T) error) ([]T, error) {
-	var raw []json.RawMessage
-	if !f.present(name) || json.Unmarshal(f.m[name], &raw) != nil {
-		return nil, nil
+	raw, n, err := f.array(name)
+	if raw == nil || err != nil {
+		return nil, err
 	}
-	out := make([]T, 0, len(raw))
-	for i, r := range raw {
+	out := make([]T, 0, n)
+	i := -1
+	err = splitJSON(raw, func(_, r []byte) error {
+		i++
 		var v T
 		// null decodes into anything without an error, and is no item.
 		if string(r) == "null" || json.Unmarshal(r, &v) != nil {
-			continue
+			return nil
 		}
-		if check != nil {
-			if err := check(fmt.Sprintf("%s%s[%d]", f.path, name, i), v); err != nil {
-				return nil, err
-			}
+		// The name is made for an error only: the items may be many.
+		if check != nil && check("", v) != nil {
+			return check(fmt.Sprintf("%s%s[%d]", f.path, name, i), v)
 		}
 		out = append(out, v)
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }

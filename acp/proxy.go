@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sourcegraph/jsonrpc2"
@@ -80,6 +81,14 @@ type Proxy struct {
 	// last in agentOrder: tool calls show them as the agent wrote them.
 	agentTerminals map[termKey]bool
 	agentOrder     []termKey
+	// contained says the agent runs in the scope's one container (wrap
+	// --contain): a session it cannot show is refused.
+	contained bool
+	// execCalls are the tool calls of kind execute that have shown no
+	// terminal of sandboxd's yet, at most maxExecCalls; warnedExec says
+	// the agent was found running commands itself (noteExec).
+	execCalls  map[toolCallKey]bool
+	warnedExec atomic.Bool
 }
 
 // NewProxy returns a proxy between an editor and an agent connection.
@@ -100,6 +109,7 @@ func NewProxy(terms *Terminals, editor, agent io.ReadWriteCloser, log *slog.Logg
 		metaWatches:    make(map[termKey]*watch),
 		embedded:       make(map[termKey]*embeddedTerminal),
 		agentTerminals: make(map[termKey]bool),
+		execCalls:      make(map[toolCallKey]bool),
 	}
 }
 
@@ -326,6 +336,10 @@ func (p *Proxy) fromEditor() error {
 						line = append(out, '\n')
 					}
 				case "session/new", "session/load", "session/resume", "session/close", "session/delete":
+					if rerr := p.outsideContainer(m); rerr != nil {
+						p.refuseToEditor(m, rerr)
+						continue
+					}
 					p.mu.Lock()
 					p.sessionCalls[idKey(m.ID)] = sessionCall{method: m.Method, params: m.Params}
 					p.mu.Unlock()
@@ -408,6 +422,7 @@ func (p *Proxy) fromAgent() error {
 			line = append(body[:len(body):len(body)], '\n')
 		}
 		p.flushEnded()
+		p.noteExec(body)
 		p.mu.Lock()
 		pending := len(p.sessionCalls) > 0
 		// While a tool call shows terminals, an update that replaces

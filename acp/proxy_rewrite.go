@@ -440,3 +440,65 @@ func (p *Proxy) allAnnounced(sessionID string, ids []string) bool {
 	}
 	return true
 }
+
+// maxExecCalls bounds the execute tool calls noteExec follows.
+const maxExecCalls = 1024
+
+// noteExec warns, once, when the agent shows it runs commands itself, on
+// the host: a tool call of kind execute that names a terminal of its own
+// (claude-agent-acp's terminal_info), or that ends without ever having
+// shown a terminal of sandboxd's. A contained agent's commands are in its
+// container anyway.
+func (p *Proxy) noteExec(body []byte) {
+	if p.contained || p.warnedExec.Load() || !containsAny(body, "tool_call") {
+		return
+	}
+	var n struct {
+		Method string `json:"method"`
+		Params struct {
+			SessionID string `json:"sessionId"`
+			Update    struct {
+				SessionUpdate string            `json:"sessionUpdate"`
+				ToolCallID    string            `json:"toolCallId"`
+				Kind          string            `json:"kind"`
+				Status        string            `json:"status"`
+				Content       []json.RawMessage `json:"content"`
+				Meta          map[string]any    `json:"_meta"`
+			} `json:"update"`
+		} `json:"params"`
+	}
+	if json.Unmarshal(body, &n) != nil || n.Method != "session/update" {
+		return
+	}
+	u := n.Params.Update
+	key := toolCallKey{n.Params.SessionID, u.ToolCallID}
+	p.mu.Lock()
+	followed := p.execCalls[key]
+	p.mu.Unlock()
+	if u.SessionUpdate != "tool_call" && !followed || u.SessionUpdate == "tool_call" && u.Kind != "execute" {
+		return
+	}
+	for _, item := range u.Content {
+		if id, ok := terminalItem(item); ok && p.lookup(key.session, id) != nil {
+			p.mu.Lock()
+			delete(p.execCalls, key)
+			p.mu.Unlock()
+			return
+		}
+	}
+	_, own := u.Meta["terminal_info"]
+	if own || u.Status == "completed" || u.Status == "failed" {
+		if p.warnedExec.CompareAndSwap(false, true) {
+			p.log.Warn("this agent runs commands itself, on the host and outside any sandbox: a tool call of kind execute ran with no terminal of sandboxd's; `sandboxd wrap --contain` runs the agent itself in the container", "session", key.session, "tool_call", key.toolCall)
+		}
+		p.mu.Lock()
+		clear(p.execCalls)
+		p.mu.Unlock()
+		return
+	}
+	p.mu.Lock()
+	if followed || len(p.execCalls) < maxExecCalls {
+		p.execCalls[key] = true
+	}
+	p.mu.Unlock()
+}

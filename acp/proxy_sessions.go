@@ -3,9 +3,13 @@ package acp
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"path/filepath"
 	"slices"
 
+	"github.com/sourcegraph/jsonrpc2"
+
+	"github.com/sandboxd/sandboxd/internal/jsonrpc"
 	"github.com/sandboxd/sandboxd/sandbox"
 )
 
@@ -139,4 +143,47 @@ func (p *Proxy) closeSession(id string) {
 			p.log.Warn("close session", "session", id, "err", err)
 		}
 	})
+}
+
+// outsideContainer refuses a session/new, load or resume of a contained
+// agent whose cwd or additionalDirectories the container does not show:
+// its commands would run elsewhere than the editor shows, or not at all.
+// A field the agent would read as absent is left to it.
+func (p *Proxy) outsideContainer(m message) *jsonrpc2.Error {
+	if !p.contained || m.Method == "session/close" || m.Method == "session/delete" {
+		return nil
+	}
+	f, err := decodeFields(m.Params, "")
+	if err != nil {
+		return nil
+	}
+	var cwd string
+	dirs := []string{}
+	if get(f, "cwd", false, &cwd) == nil && cwd != "" {
+		dirs = append(dirs, cwd)
+	}
+	extra, _ := items[string](f, "additionalDirectories", nil)
+	for i, d := range append(dirs, extra...) {
+		field := "cwd"
+		if i >= len(dirs) {
+			field = fmt.Sprintf("additionalDirectories[%d]", i-len(dirs))
+		}
+		if err := p.terms.scope.CheckDir(field, d); err != nil {
+			return &jsonrpc2.Error{Code: jsonrpc.InvalidParams, Message: fmt.Sprintf(
+				"sandboxd wrap --contain: %s: %q is not in the agent's container, which shows only the workspace %s (where sandboxd was started): start it in a directory that holds %s",
+				field, d, p.terms.scope.Workspace(), d)}
+		}
+	}
+	return nil
+}
+
+// refuseToEditor answers an editor's request itself, with rerr, in place
+// of the agent.
+func (p *Proxy) refuseToEditor(m message, rerr *jsonrpc2.Error) {
+	p.log.Warn("refused a session the contained agent's container does not show", "method", m.Method, "err", rerr.Message)
+	b, err := marshal(response{JSONRPC: "2.0", ID: m.ID, Error: rerr})
+	if err != nil {
+		return
+	}
+	p.editor.writeLater(b)
 }

@@ -3,12 +3,12 @@ package acp
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
-	"os/exec"
-	"syscall"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/audit"
+	"github.com/sandboxd/sandboxd/sandbox"
 )
 
 // drainTimeout is how long the proxy keeps relaying after the agent exited:
@@ -27,63 +27,24 @@ const lastLinesTimeout = 10 * time.Second
 // the agent has exited either way. The caller then closes the manager,
 // which removes every container of the wrap.
 func Wrap(ctx context.Context, terms *Terminals, editor io.ReadWriteCloser, agent Agent, log *slog.Logger) (int, error) {
-	if len(agent.Argv) == 0 {
-		return 0, errors.New("start agent: no agent command given")
-	}
-	// Pipes of our own rather than cmd.StdoutPipe: Wait closes those as
-	// soon as the agent exits, losing what it wrote last. They are
-	// blocking, not pollable: a reader blocked in read(2) is woken by the
-	// kernel itself, without the poller's hand-off to another thread.
-	toAgent, agentIn, err := blockingPipe()
+	started := time.Now()
+	proc, conn, err := agent.start(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("start agent %q: %w", agent.Argv[0], err)
+		return 0, err
 	}
-	agentOut, fromAgent, err := blockingPipe()
-	if err != nil {
-		toAgent.Close()
-		agentIn.Close()
-		return 0, fmt.Errorf("start agent %q: %w", agent.Argv[0], err)
+	if h, ok := proc.(*hostProcess); ok {
+		log = log.With("agent", agent.Argv[0], "agent_pid", h.pid)
+	} else {
+		log = log.With("agent", agent.Argv[0], "contained", true)
 	}
-	cmd := exec.Command(agent.Argv[0], agent.Argv[1:]...)
-	cmd.Dir = agent.Dir
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = toAgent, fromAgent, agent.Stderr
-	// Its own process group, so the signals reach whatever it started (a
-	// launcher script's real agent) too. Should sandboxd die without
-	// stopping it (SIGKILL, the OOM killer), it must not run on, unsandboxed:
-	// the kernel kills it then. (Pdeathsig is of the thread that starts it,
-	// and no thread of sandboxd's ends before sandboxd does.)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	// Children that keep a stderr that is not a file open must not hold
-	// Wait up.
-	cmd.WaitDelay = drainTimeout
-	err = cmd.Start()
-	toAgent.Close()
-	fromAgent.Close()
-	if err != nil {
-		agentIn.Close()
-		agentOut.Close()
-		return 0, fmt.Errorf("start agent %q: %w", agent.Argv[0], err)
-	}
-	pid := cmd.Process.Pid
-	reaped := func() {}
-	if agent.Started != nil {
-		reaped = agent.Started(pid)
-	}
-	log = log.With("agent", agent.Argv[0], "agent_pid", pid)
 	log.Info("agent started")
-	// Told of the agent's exit without reaping it: its zombie keeps its
-	// pid, which is its process group's id, from being taken by another
-	// process until stopAgent is done with the group.
-	exited := make(chan struct{})
-	go func() {
-		waitUnreaped(pid)
-		close(exited)
-	}()
+	agentEvent(agent, audit.AgentStart, started, nil)
 
 	// Editors start the agent in the project they then open a session for:
 	// have a container for it running before it is asked for.
 	terms.scope.KeepSpare()
-	p := NewProxy(terms, editor, pipe{agentOut, agentIn}, log)
+	p := NewProxy(terms, editor, conn, log)
+	p.contained = agent.Session != nil
 	pctx, stopProxy := context.WithCancel(ctx)
 	defer stopProxy()
 	ended := make(chan error, 1)
@@ -92,6 +53,7 @@ func Wrap(ctx context.Context, terms *Terminals, editor io.ReadWriteCloser, agen
 	if h, ok := editor.(interface{ Hangup() <-chan struct{} }); ok {
 		hangup = h.Hangup()
 	}
+	exited := proc.exited()
 	var why error
 	relayed := false // Run has returned
 	agentExited, drain := exited, (<-chan time.Time)(nil)
@@ -127,7 +89,7 @@ func Wrap(ctx context.Context, terms *Terminals, editor io.ReadWriteCloser, agen
 				// relayed, which a slow editor then still gets.
 				groupStopped = make(chan struct{})
 				go func() {
-					stopAgent(pid, exited, agent.Grace)
+					proc.stop(agent.Grace)
 					close(groupStopped)
 				}()
 				drain, groupDone = nil, groupStopped
@@ -152,22 +114,20 @@ func Wrap(ctx context.Context, terms *Terminals, editor io.ReadWriteCloser, agen
 		// the wrap ends with, whichever end the relay saw first.
 		why = ErrAgentClosed
 	}
-	agentIn.Close()
+	conn.w.Close()
 	if errors.Is(why, ErrAgentClosed) && !waitExit(exited, agent.Grace) {
-		// It closed its stdout; it may still be exiting.
+		// It closed its output; it may still be exiting.
 		log.Warn("agent closed its output but did not exit; stopping it")
 	} else if !errors.Is(why, ErrAgentClosed) {
 		// The editor is gone, or sandboxd was told to stop: so is the
 		// agent.
 		log.Info("stopping the agent", "why", why)
 	}
-	// Also when the agent exited by itself: what it started in its
-	// group (a launcher's real agent, its tool servers) must not stay
-	// on the host, unsandboxed, once sandboxd is gone.
-	stopAgent(pid, exited, agent.Grace)
-	// Before the reap: until then the zombie holds the pid and its group.
-	reaped()
-	cmd.Wait()
+	// Also when the agent exited by itself: what it started must not stay
+	// on once sandboxd is gone.
+	proc.stop(agent.Grace)
+	code := proc.wait()
+	agentEvent(agent, audit.AgentEnd, started, &code)
 	stopProxy()
 	if !relayed {
 		// Run ends within stopTimeout of its cancellation; should it not,
@@ -178,11 +138,64 @@ func Wrap(ctx context.Context, terms *Terminals, editor io.ReadWriteCloser, agen
 			log.Warn("the relay did not end; leaving it")
 		}
 	}
-	agentOut.Close()
+	conn.ReadCloser.Close()
 	if !errors.Is(why, ErrAgentClosed) {
 		return 0, nil
 	}
-	code := exitCode(cmd.ProcessState)
 	log.Info("agent exited", "code", code)
 	return code, nil
+}
+
+// agentEvent records the agent's start (code nil) or end in the audit log.
+func agentEvent(agent Agent, kind string, started time.Time, code *int) {
+	ev := audit.Event{Event: kind, Argv: agent.Argv, Cwd: agent.Dir, ExitCode: code}
+	if agent.Session != nil {
+		ev.Session = agent.Session.ID
+	}
+	if code != nil {
+		ev.Duration(time.Since(started))
+	}
+	agent.Audit.Write(ev)
+}
+
+// SetAudit has every command started from now on recorded in l, at its
+// start and its end.
+func (t *Terminals) SetAudit(l *audit.Log) { t.audit = l }
+
+// auditCommand records the start of a command the peer started in its
+// session sid (s, in sandboxd), and its end once it has ended.
+func (t *Terminals) auditCommand(sid string, s *sandbox.Session, term *sandbox.Terminal) {
+	if t.audit == nil {
+		return
+	}
+	started := time.Now()
+	cmd := term.Command()
+	cwd := cmd.Cwd
+	if cwd == "" {
+		cwd = s.Dir()
+	}
+	ev := audit.Event{Event: audit.CommandStart, Session: sid, Terminal: term.ID, Argv: cmd.Argv(), Cwd: cwd, Time: started}
+	t.audit.Write(ev)
+	t.auditing.Go(func() {
+		<-term.Done()
+		st, _ := term.Wait(context.Background())
+		total := term.Buffer().Total()
+		ev.Event, ev.Time, ev.ExitCode, ev.Signal, ev.OutputBytes = audit.CommandEnd, time.Time{}, st.ExitCode, st.Signal, &total
+		ev.Duration(time.Since(started))
+		t.audit.Write(ev)
+	})
+}
+
+// WaitAudit waits, up to d, for the ends of the commands started so far to
+// be recorded: once their sessions are closed, each has ended.
+func (t *Terminals) WaitAudit(d time.Duration) {
+	done := make(chan struct{})
+	go func() {
+		t.auditing.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(d):
+	}
 }

@@ -1,15 +1,18 @@
 package ahp
 
 // ShellIntegration is the bash script injected into every terminal's shell
-// as its rc file. It marks prompts (OSC 633 A and B), the command line and
-// its start (E, then C), its end with the exit code (D) and the working
-// directory (P;Cwd=), each of the last four with the terminal's nonce as
-// its last argument, so that a program's output cannot forge them.
-// shellLauncher sets __sbx_nonce before it runs.
+// as its rc file. It marks prompts (OSC 633 A and B). From PS0, which bash
+// expands once for each command line it read and is about to run, whatever
+// the line starts with, and never for an empty one, it sends the command
+// line and its start (E, then C); at every prompt, the exit code of the
+// last command (D: sandboxd takes it only for a command that started) and
+// the working directory (P;Cwd=). These four carry the terminal's nonce as
+// their last argument, so that a program's output cannot forge them.
+// shellLauncher sets __sbx_nonce before it runs; a bash without PS0 (before
+// 4.4) drops it, and so gets no command detection.
 const ShellIntegration = `HISTCONTROL=
 HISTFILE=
-__sbx_ready=0
-__sbx_running=0
+((BASH_VERSINFO[0] * 100 + BASH_VERSINFO[1] >= 404)) || __sbx_nonce=
 __sbx_esc() {
 	local s=${1//\\/\\\\}
 	s=${s//;/\\x3b}
@@ -20,31 +23,24 @@ __sbx_esc() {
 	s=${s//$'\x1a'/\\x1a}
 	s=${s//$'\xc2\x9c'/\\xc2\\x9c}
 	s=${s//$'\xc2\x9d'/\\xc2\\x9d}
-	printf '%s' "$s"
+	__sbx_escaped=$s
 }
 __sbx_prompt() {
-	local code=$?
-	if [ "$__sbx_running" = 1 ]; then
-		printf '\033]633;D;%s;%s\007' "$code" "$__sbx_nonce"
-		__sbx_running=0
-	fi
-	printf '\033]633;P;Cwd=%s;%s\007' "$(__sbx_esc "$PWD")" "$__sbx_nonce"
-	__sbx_ready=1
+	local code=$? __sbx_escaped
+	__sbx_esc "$PWD"
+	printf '\033]633;D;%s;%s\007\033]633;P;Cwd=%s;%s\007' "$code" "$__sbx_nonce" "$__sbx_escaped" "$__sbx_nonce"
 	return $code
 }
 __sbx_preexec() {
-	[ "$__sbx_ready" = 1 ] || return
-	case $BASH_COMMAND in __sbx_*) return ;; esac
-	__sbx_ready=0
-	local line
+	local line __sbx_escaped
 	line=$(HISTTIMEFORMAT= builtin history 1)
 	[[ $line =~ ^[[:space:]]*[0-9]+[*[:space:]]+(.*)$ ]] && line=${BASH_REMATCH[1]}
-	printf '\033]633;E;%s;%s\007\033]633;C;%s\007' "$(__sbx_esc "$line")" "$__sbx_nonce" "$__sbx_nonce"
-	__sbx_running=1
+	__sbx_esc "${line:0:4096}"
+	printf '\033]633;E;%s;%s\007\033]633;C;%s\007' "$__sbx_escaped" "$__sbx_nonce" "$__sbx_nonce"
 }
+PS0='$(__sbx_preexec)'
 PS1='\[\033]633;A\007\]\w\$ \[\033]633;B\007\]'
 PROMPT_COMMAND=__sbx_prompt
-trap '__sbx_preexec' DEBUG
 `
 
 // shellLauncher starts bash with ShellIntegration as its rc file when the
@@ -60,7 +56,8 @@ trap '__sbx_preexec' DEBUG
 // first, and readline reads the image's /etc/inputrc (or none), not the
 // ~/.inputrc in HOME, /tmp, which any command may write: a macro there
 // could have the shell print its nonce. (A process of the user may still
-// read the shell's memory, as it may read the terminal.)
+// read the shell's memory, as it may read the terminal: command detection
+// is not proof against the session's own commands, see docs/ahp.md.)
 const shellLauncher = `if command -v bash >/dev/null 2>&1; then
 	BASH_ENV= exec bash -c '
 		rc=$SANDBOXD_SHELL_INTEGRATION

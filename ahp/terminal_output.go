@@ -74,6 +74,9 @@ func (t *terminal) event(ev osc633.Event) {
 			return
 		}
 		t.armed = false
+		// A command whose end never came (its D lost) ends here, its code
+		// unknown: clients would show it running for ever.
+		t.finishCommand(nil)
 		t.cmdID++
 		t.started = time.Now()
 		t.running = true

@@ -3,6 +3,7 @@ package ahp
 import (
 	"encoding/json"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -113,6 +114,41 @@ func TestOutputCannotForgeCommands(t *testing.T) {
 				t.Errorf("state holds %d parts, %d bytes; want at most %d parts, %d bytes", len(term.state.Content), size, tc.maxParts, tc.max)
 			}
 		})
+	}
+}
+
+// TestACommandWithoutItsEndEndsAtTheNext: a command whose D never came
+// (its shell's stdout sent elsewhere, where the prompt's D went) is
+// finished, its code unknown, when the next one starts, so that no part
+// shows running for ever.
+func TestACommandWithoutItsEndEndsAtTheNext(t *testing.T) {
+	const nonce = "n0nce"
+	e := func(line string) string {
+		return "\x1b]633;E;" + line + ";" + nonce + "\x07\x1b]633;C;" + nonce + "\x07"
+	}
+	s := testServer(Config{MaxContent: 1 << 20, ReplayActions: 1000, ReplayBytes: 1 << 20})
+	term := s.terms["ahp-terminal:/t"]
+	term.parser = osc633.NewParser(nonce)
+	term.process([]byte(e("exec >/dev/null")+"$ "+e("ls")+"a\r\n\x1b]633;D;0;"+nonce+"\x07"), true)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var got []string
+	for _, env := range s.replay {
+		a := env.Action
+		switch a.Type {
+		case "terminal/commandExecuted":
+			got = append(got, "executed "+a.CommandID)
+		case "terminal/commandFinished":
+			code := "unknown"
+			if a.ExitCode != nil {
+				code = strconv.Itoa(*a.ExitCode)
+			}
+			got = append(got, "finished "+a.CommandID+" "+code)
+		}
+	}
+	want := []string{"executed cmd-1", "finished cmd-1 unknown", "executed cmd-2", "finished cmd-2 0"}
+	if !slices.Equal(got, want) {
+		t.Errorf("actions %q, want %q", got, want)
 	}
 }
 

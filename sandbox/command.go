@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"path/filepath"
@@ -59,8 +60,12 @@ func (c Command) Argv() []string {
 
 // mergeStderr is the exec's entry point when output is merged: one pipe for
 // both streams keeps their true order, which two pipes read by the engine
-// cannot.
-const mergeStderr = `exec "$@" 2>&1`
+// cannot. Before the command it prints, alone on the exec's stderr, the
+// /proc stat line of the shell, which the command then is (exec): the
+// session the command leads and its start time, by which a kill finds
+// what the command started also when the command removed its marker
+// (killScript). dash, bash and busybox sh all have local.
+const mergeStderr = `f() { local l; read -r l 2>/dev/null </proc/$$/stat && printf '%s\n' "$l" >&2; }; f; exec "$@" 2>&1`
 
 // ttySize is a TTY command's entry point on an engine before API 1.42,
 // which ignores the size given with the exec and is resized only once the
@@ -71,30 +76,37 @@ const mergeStderr = `exec "$@" 2>&1`
 // made again once the command's output begins (sizeAgain).
 const ttySize = `stty rows "$1" cols "$2" 2>/dev/null; shift 2; exec "$@"`
 
-// reaperPath is the engine's init (tini), which it mounts into every container
-// started with init. Each command runs behind one of its own, registered as
-// the subreaper of what the command starts: a process orphaned while the
-// command runs becomes its child, not the container's init's, so the kill
-// still finds it among the descendants of a marked process even if it
-// removed the marker (killScript). The reaper exits with its child's
-// status, 128+n for signal n.
+// reaperPath is the engine's init (tini), which it mounts into every
+// container started with init. A command whose streams are kept apart
+// (sandboxd run) runs behind one of its own: run says in its own words
+// what the reaper says when it cannot start the command. Others run as
+// the exec's first process: a reaper is a process of the commands' user,
+// which a command can kill (`kill -9 -1`) and go on, and the engine would
+// report the reaper's death as the command's status.
 const reaperPath = "/sbin/docker-init"
 
 // execArgv is what the engine runs: Argv, behind mergeStderr unless the
-// streams are kept apart (sandboxd run) or a TTY merges them already, and
-// behind the reaper when the container has one.
+// streams are kept apart (sandboxd run) or a TTY merges them already, and,
+// when the streams are kept apart and the container has one, behind the
+// reaper.
 func (c Command) execArgv(reaper, sizeInside bool) []string {
 	argv := c.Argv()
-	if !c.TTY && c.Stdout == nil && c.Stderr == nil {
+	if c.merged() {
 		argv = append([]string{"/bin/sh", "-c", mergeStderr, "sh"}, argv...)
 	}
 	if sizeInside && c.TTY && c.Cols > 0 && c.Rows > 0 {
 		argv = append([]string{"/bin/sh", "-c", ttySize, "sh", strconv.FormatUint(uint64(c.Rows), 10), strconv.FormatUint(uint64(c.Cols), 10)}, argv...)
 	}
-	if reaper {
+	if reaper && !c.TTY && !c.merged() {
 		argv = append([]string{reaperPath, "-s", "--"}, argv...)
 	}
 	return argv
+}
+
+// merged says the command's stdout and stderr go into one pipe of its own
+// (mergeStderr): it has no TTY, and no writers of its own for them.
+func (c Command) merged() bool {
+	return !c.TTY && c.Stdout == nil && c.Stderr == nil
 }
 
 // MaxArgLen is the longest single argument or environment string Linux
@@ -238,4 +250,84 @@ func (s *Session) inMounts(p string) bool {
 // Within reports whether the clean absolute path p is root or below it.
 func Within(root, p string) bool {
 	return p == root || strings.HasPrefix(p, strings.TrimSuffix(root, "/")+"/")
+}
+
+// startLine takes, from the stderr of a command behind mergeStderr, the
+// line its shell prints before the command runs, and passes on what comes
+// after it (nothing of the command's: its stderr is joined to its stdout).
+// A first line of another form is passed on too.
+type startLine struct {
+	t    *Terminal
+	w    io.Writer
+	head []byte
+	done bool
+}
+
+// maxStartLine is longer than any /proc stat line of a shell.
+const maxStartLine = 1024
+
+func (l *startLine) Write(p []byte) (int, error) {
+	if l.done {
+		return l.w.Write(p)
+	}
+	l.head = append(l.head, p...)
+	i := bytes.IndexByte(l.head, '\n')
+	if i < 0 && len(l.head) < maxStartLine {
+		return len(p), nil
+	}
+	rest := l.head
+	top, ok := sessionLed(l.head[:max(i, 0)])
+	if ok {
+		rest = l.head[i+1:]
+	}
+	l.t.setTop(top)
+	l.head, l.done = nil, true
+	if len(rest) > 0 {
+		if _, err := l.w.Write(rest); err != nil {
+			return 0, err
+		}
+	}
+	return len(p), nil
+}
+
+// flush passes on what is held back once the stream has ended.
+func (l *startLine) flush() {
+	if !l.done && len(l.head) > 0 {
+		l.w.Write(l.head)
+	}
+	l.head, l.done = nil, true
+	l.t.setTop("")
+}
+
+// setTop records the session the command leads ("": none known), once.
+func (t *Terminal) setTop(top string) {
+	t.topOnce.Do(func() {
+		t.mu.Lock()
+		t.top = top
+		t.mu.Unlock()
+		if t.topSaid != nil {
+			close(t.topSaid)
+		}
+	})
+}
+
+// sessionLed reads a /proc/PID/stat line and returns the session the
+// process leads, as killScript takes it ("%SID:start "); ok is false when
+// the line is no such line, or the process leads no session.
+func sessionLed(line []byte) (string, bool) {
+	pid, _, ok := bytes.Cut(line, []byte(" ("))
+	end := bytes.LastIndexByte(line, ')')
+	if !ok || end < 0 {
+		return "", false
+	}
+	f := strings.Fields(string(line[end+1:]))
+	if len(f) < 20 || f[3] != string(pid) {
+		return "", false
+	}
+	for _, n := range []string{f[3], f[19]} {
+		if _, err := strconv.ParseUint(n, 10, 64); err != nil {
+			return "", false
+		}
+	}
+	return "%" + f[3] + ":" + f[19] + " ", true
 }

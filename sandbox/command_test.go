@@ -1,10 +1,13 @@
 package sandbox
 
 import (
+	"bytes"
 	"io"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -58,10 +61,13 @@ func TestCommandExecArgv(t *testing.T) {
 		want   []string
 	}{
 		{"merged streams", Command{Command: "ls"}, false, []string{"/bin/sh", "-c", mergeStderr, "sh", "ls"}},
-		{"merged streams, reaper", Command{Command: "ls"}, true, []string{reaperPath, "-s", "--", "/bin/sh", "-c", mergeStderr, "sh", "ls"}},
+		// The command is the exec's first process, which a `kill -9 -1`
+		// of its own leaves alone.
+		{"merged streams, init", Command{Command: "ls"}, true, []string{"/bin/sh", "-c", mergeStderr, "sh", "ls"}},
 		{"tty", Command{Command: "bash", TTY: true}, false, []string{"bash"}},
-		{"tty, reaper", Command{Command: "bash", TTY: true}, true, []string{reaperPath, "-s", "--", "bash"}},
-		{"tty of a size, sized from inside", Command{Command: "bash", TTY: true, Cols: 120, Rows: 50}, true, []string{reaperPath, "-s", "--", "/bin/sh", "-c", ttySize, "sh", "50", "120", "bash"}},
+		{"tty, init", Command{Command: "bash", TTY: true, Stdout: io.Discard}, true, []string{"bash"}},
+		{"tty of a size, sized from inside", Command{Command: "bash", TTY: true, Cols: 120, Rows: 50}, true, []string{"/bin/sh", "-c", ttySize, "sh", "50", "120", "bash"}},
+		{"streams apart", Command{Command: "ls", Stdout: io.Discard, Stderr: io.Discard}, false, []string{"ls"}},
 		{"streams apart, reaper", Command{Command: "ls", Stdout: io.Discard, Stderr: io.Discard}, true, []string{reaperPath, "-s", "--", "ls"}},
 	}
 	for _, tc := range tests {
@@ -72,7 +78,7 @@ func TestCommandExecArgv(t *testing.T) {
 	// An engine that takes the size given with the exec needs no shell
 	// in front.
 	sized := Command{Command: "bash", TTY: true, Cols: 120, Rows: 50}
-	if got, want := sized.execArgv(true, false), []string{reaperPath, "-s", "--", "bash"}; !slices.Equal(got, want) {
+	if got, want := sized.execArgv(true, false), []string{"bash"}; !slices.Equal(got, want) {
 		t.Errorf("tty of a size on API 1.42: execArgv = %q, want %q", got, want)
 	}
 }
@@ -88,13 +94,56 @@ func TestMergeStderrUnderTheShells(t *testing.T) {
 			continue
 		}
 		found++
-		argv := append(shell[1:], "-c", mergeStderr, "sh", "sh", "-c", `printf '%s|' "$@"; echo err >&2`, "x", "a b", "-n")
-		out, err := exec.Command(path, argv...).Output()
-		if want := "a b|-n|err\n"; err != nil || string(out) != want {
+		argv := append(shell[1:], "-c", mergeStderr, "sh", "sh", "-c", `printf '%s|' "$@"; echo err >&2; echo "l=$l"`, "x", "a b", "-n")
+		cmd := exec.Command(path, argv...)
+		cmd.Env = append(cmd.Environ(), "l=kept")
+		// A session of its own, as the engine gives each exec.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if want := "a b|-n|err\nl=kept\n"; err != nil || string(out) != want {
 			t.Errorf("%s: %q, %v; want %q", shell, out, err, want)
+		}
+		// Only the shell's stat line comes on stderr: its session.
+		want := "%" + strconv.Itoa(cmd.Process.Pid) + ":"
+		if top, ok := sessionLed(bytes.TrimSuffix(stderr.Bytes(), []byte("\n"))); !ok || !strings.HasPrefix(top, want) || strings.Count(stderr.String(), "\n") != 1 {
+			t.Errorf("%s: stderr %q (%q), want the stat line of a session leader %s...", shell, stderr.String(), top, want)
 		}
 	}
 	if found == 0 {
 		t.Skip("no dash, bash or busybox here")
+	}
+}
+
+// TestStartLine: the first line on a merged command's stderr, its shell's
+// stat line, sets the session the kill finds its processes by and is not
+// output; a first line of another form is.
+func TestStartLine(t *testing.T) {
+	stat := "42 (sh) S 0 42 42 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 123456 2490368 200 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0"
+	for _, tc := range []struct {
+		name   string
+		writes []string
+		top    string
+		out    string
+	}{
+		{"whole", []string{stat + "\n"}, "%42:123456 ", ""},
+		{"in pieces, more after it", []string{stat[:10], stat[10:] + "\nnot found\n"}, "%42:123456 ", "not found\n"},
+		{"no session leader", []string{strings.Replace(stat, "0 42 42", "0 42 41", 1) + "\n"}, "", strings.Replace(stat, "0 42 42", "0 42 41", 1) + "\n"},
+		{"another line", []string{"sh: oops\n"}, "", "sh: oops\n"},
+		{"cut short", []string{"42 (sh"}, "", "42 (sh"},
+	} {
+		term := &Terminal{}
+		var out bytes.Buffer
+		l := &startLine{t: term, w: &out}
+		for _, w := range tc.writes {
+			if n, err := l.Write([]byte(w)); n != len(w) || err != nil {
+				t.Errorf("%s: Write = %d, %v", tc.name, n, err)
+			}
+		}
+		l.flush()
+		if term.top != tc.top || out.String() != tc.out {
+			t.Errorf("%s: top %q, output %q; want %q, %q", tc.name, term.top, out.String(), tc.top, tc.out)
+		}
 	}
 }

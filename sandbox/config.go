@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/BurntSushi/toml"
@@ -25,6 +26,8 @@ type Config struct {
 	Session  SessionConfig  `toml:"session"`
 	Terminal TerminalConfig `toml:"terminal"`
 	Server   ServerConfig   `toml:"server"`
+	Egress   EgressConfig   `toml:"egress"`
+	Audit    AuditConfig    `toml:"audit"`
 	// Private are the host paths of sandboxd's own endpoints and files
 	// (its socket, the AHP token file, its configuration and log files,
 	// its package cache) that no container may see: a unix socket can be
@@ -40,10 +43,66 @@ type Config struct {
 	// session's): a served workspace that holds one of Private, the
 	// user's home say, then refuses those sessions, not the start.
 	FallbackWorkspace bool `toml:"-"`
+	// Gateway, when set, is the way out of every container: the egress
+	// proxy's socket and its forwarder (wrap --contain). Set by the
+	// command line, never by sandbox.toml.
+	Gateway *Gateway `toml:"-"`
 
 	// file and text are where the configuration was read from, for
 	// messages about settings found wrong only once sandboxd starts.
 	file, text string
+	// requests is the instance's RequestMemory: NewManager makes it, and
+	// every copy of the configuration it hands out shares it.
+	requests *MemoryPool
+}
+
+// RequestMemory returns what the requests of all the peers of the
+// instance may hold in sandboxd's own memory, shared by every connection;
+// nil for a configuration no Manager runs with.
+func (c Config) RequestMemory() *MemoryPool { return c.requests }
+
+// MaxRequestMemory bounds what the requests of all the peers of an
+// instance hold in sandboxd's own memory at once, read, decoded and
+// waiting for their answer (RequestMemory; acp counts them).
+const MaxRequestMemory = 128 << 20
+
+// MemoryPool counts the bytes that many holders take from one bound. It is
+// safe for concurrent use.
+type MemoryPool struct {
+	max  int64
+	mu   sync.Mutex
+	used int64
+}
+
+// NewMemoryPool returns a pool of max bytes.
+func NewMemoryPool(max int64) *MemoryPool { return &MemoryPool{max: max} }
+
+// Take takes n bytes, if the pool has them, and reports whether it did.
+func (p *MemoryPool) Take(n int64) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.used+n > p.max {
+		return false
+	}
+	p.used += n
+	return true
+}
+
+// Give gives back n bytes that Take took.
+func (p *MemoryPool) Give(n int64) {
+	p.mu.Lock()
+	p.used -= n
+	p.mu.Unlock()
+}
+
+// Max returns the pool's bound.
+func (p *MemoryPool) Max() int64 { return p.max }
+
+// Used returns the bytes taken.
+func (p *MemoryPool) Used() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.used
 }
 
 // ServedWorkspace returns the workspace of requests that name none:
@@ -77,6 +136,7 @@ type SessionConfig struct {
 	ScratchSize     ByteSize  `toml:"scratch_size"`
 	CapDrop         []string  `toml:"cap_drop"`
 	NoNewPrivileges bool      `toml:"no_new_privileges"`
+	RefuseSetid     bool      `toml:"refuse_setid"`
 	Init            bool      `toml:"init"`
 	Mounts          []Mount   `toml:"mounts"`
 	Max             MaxLimits `toml:"max"`
@@ -166,9 +226,77 @@ type TerminalConfig struct {
 
 // ServerConfig holds instance-wide settings.
 type ServerConfig struct {
-	MaxSessions     Count    `toml:"max_sessions"`
-	IdleTimeout     Duration `toml:"idle_timeout"`
-	MaxOutputMemory ByteSize `toml:"max_output_memory"`
+	MaxSessions     Count        `toml:"max_sessions"`
+	IdleTimeout     Duration     `toml:"idle_timeout"`
+	MaxOutputMemory ByteSize     `toml:"max_output_memory"`
+	MemoryBudget    MemoryBudget `toml:"memory_budget"`
+}
+
+// MemoryBudget is what the memory limits of an instance's containers may
+// add up to: a size ("16GiB"), or a share of the memory of the engine's
+// host ("75%").
+type MemoryBudget struct {
+	Bytes   int64
+	Percent float64 // of the host's memory, when Bytes is 0
+}
+
+// UnmarshalTOML accepts a size, or a percentage above 0 and at most 100.
+func (b *MemoryBudget) UnmarshalTOML(v any) error {
+	if s, ok := v.(string); ok && strings.HasSuffix(strings.TrimSpace(s), "%") {
+		p, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(s), "%"), 64)
+		if err != nil || !(p > 0 && p <= 100) {
+			return fmt.Errorf("%q: a share of the host's memory is a percentage above 0 and at most 100, such as \"75%%\" (a size above the host's memory over-commits it)", s)
+		}
+		*b = MemoryBudget{Percent: p}
+		return nil
+	}
+	var n ByteSize
+	if err := n.UnmarshalTOML(v); err != nil {
+		return fmt.Errorf("%w; or a share of the host's memory, such as \"75%%\"", err)
+	}
+	*b = MemoryBudget{Bytes: int64(n)}
+	return nil
+}
+
+// Of returns the budget on a host with hostMemory bytes of memory; a share
+// of a host whose memory is not known (0) is 0.
+func (b MemoryBudget) Of(hostMemory int64) int64 {
+	if b.Bytes > 0 {
+		return b.Bytes
+	}
+	return int64(float64(hostMemory) * b.Percent / 100)
+}
+
+func (b MemoryBudget) String() string {
+	if b.Bytes > 0 {
+		return ByteSize(b.Bytes).String()
+	}
+	return strconv.FormatFloat(b.Percent, 'f', -1, 64) + "%"
+}
+
+// budgetText says what the memory budget is, and where it comes from.
+func budgetText(b MemoryBudget, hostMemory int64) string {
+	if b.Bytes > 0 {
+		return roundBytes(b.Bytes) + " (server.memory_budget)"
+	}
+	return fmt.Sprintf("%s (server.memory_budget, %s of the host's %s)", roundBytes(b.Of(hostMemory)), b, roundBytes(hostMemory))
+}
+
+// roundBytes shows a size for a message: whole in its largest unit, or
+// else to a tenth of it.
+func roundBytes(n int64) string {
+	for _, u := range []struct {
+		shift uint
+		name  string
+	}{{40, "TiB"}, {30, "GiB"}, {20, "MiB"}, {10, "KiB"}} {
+		if n >= 1<<u.shift {
+			if n%(1<<u.shift) == 0 {
+				return strconv.FormatInt(n>>u.shift, 10) + u.name
+			}
+			return strconv.FormatFloat(float64(n)/float64(int64(1)<<u.shift), 'f', 1, 64) + u.name
+		}
+	}
+	return strconv.FormatInt(n, 10) + "B"
 }
 
 // guardsGit reports whether git metadata gets read-only mounts: asked for,

@@ -43,6 +43,7 @@ func TestDefaultConfig(t *testing.T) {
 		{"max sessions", int(cfg.Server.MaxSessions), 16},
 		{"idle timeout", time.Duration(cfg.Server.IdleTimeout), 30 * time.Minute},
 		{"max output memory", int64(cfg.Server.MaxOutputMemory), int64(1 << 30)},
+		{"memory budget", cfg.Server.MemoryBudget, MemoryBudget{Percent: 75}},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -74,6 +75,21 @@ func TestConfigOverridesAndErrors(t *testing.T) {
 				}
 			}},
 		{name: "negative memory", text: "[session]\nmemory = \"-1g\"\n", hostCPU: 2, wantErr: ":2: session.memory"},
+		{name: "memory budget as a size", text: "[server]\nmemory_budget = \"20GiB\"\n", hostCPU: 2,
+			check: func(t *testing.T, c Config) {
+				if b := c.Server.MemoryBudget; b.Of(1<<40) != 20<<30 || b.String() != "20GiB" {
+					t.Errorf("got %+v", b)
+				}
+			}},
+		{name: "memory budget as a share", text: "[server]\nmemory_budget = \"50%\"\n", hostCPU: 2,
+			check: func(t *testing.T, c Config) {
+				if b := c.Server.MemoryBudget; b.Of(24<<30) != 12<<30 || b.Of(0) != 0 || b.String() != "50%" {
+					t.Errorf("got %+v", b)
+				}
+			}},
+		{name: "no memory budget", text: "[server]\nmemory_budget = 0\n", hostCPU: 2, wantErr: ":2: server.memory_budget", msg: "greater than zero"},
+		{name: "memory budget over the host", text: "[server]\nmemory_budget = \"150%\"\n", hostCPU: 2, wantErr: ":2: server.memory_budget", msg: "at most 100"},
+		{name: "memory budget of no share", text: "[server]\nmemory_budget = \"0%\"\n", hostCPU: 2, wantErr: ":2: server.memory_budget", msg: "above 0"},
 		{name: "zero memory", text: "[session]\nmemory = 0\n", hostCPU: 2, wantErr: ":2: session.memory"},
 		{name: "cpus above host", text: "[session]\ncpus = 3\n", hostCPU: 2, wantErr: ":2: session.cpus"},
 		{name: "pids below 8", text: "\n[session]\npids = 7\n", hostCPU: 2, wantErr: ":3: session.pids"},

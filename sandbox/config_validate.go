@@ -13,6 +13,7 @@ import (
 
 	"github.com/distribution/reference"
 
+	"github.com/sandboxd/sandboxd/internal/egress"
 	"github.com/sandboxd/sandboxd/limits"
 )
 
@@ -130,6 +131,12 @@ func (c Config) validate(file, text string, hostCPUs int) error {
 	}
 	if c.Server.MaxOutputMemory < t.MaxOutputByteLimit {
 		return bad("server.max_output_memory", "%s is below terminal.max_output_byte_limit %s", c.Server.MaxOutputMemory, t.MaxOutputByteLimit)
+	}
+	if _, err := egress.ParseAllowlist(c.Egress.Allow); err != nil {
+		return bad("egress.allow", "%v", err)
+	}
+	if c.Audit.File != "" && strings.TrimSpace(c.Audit.File) == "" {
+		return bad("audit.file", "%q is blank: leave it out for no audit log", c.Audit.File)
 	}
 	return nil
 }
@@ -268,6 +275,20 @@ func (c Config) checkSources(engineSocket string) error {
 				return c.settingError("session.mounts", "session.mounts", err)
 			}
 		}
+	}
+	return nil
+}
+
+// checkMemoryBudget refuses, at start, a configuration whose sessions
+// could not open with their default memory on this host.
+func checkMemoryBudget(cfg Config, hostMemory int64) error {
+	mem := int64(cfg.Session.Memory)
+	budget := cfg.Server.MemoryBudget.Of(hostMemory)
+	switch {
+	case hostMemory > 0 && mem > hostMemory:
+		return cfg.settingError("session.memory", "", fmt.Errorf("%s is more than the %s of memory the engine's host has", roundBytes(mem), roundBytes(hostMemory)))
+	case budget > 0 && mem > budget:
+		return cfg.settingError("session.memory", "", fmt.Errorf("%s is more than the memory budget of %s: no session could open with it; lower it, or raise the budget", roundBytes(mem), budgetText(cfg.Server.MemoryBudget, hostMemory)))
 	}
 	return nil
 }

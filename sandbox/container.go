@@ -98,12 +98,16 @@ func (s *Session) start(ctx context.Context) error {
 		return fmt.Errorf("open session %s: %w", s.ID, err)
 	}
 	protected = append(covers, protected...)
+	protected = append(protected, m.cfg.Gateway.mounts()...)
 	checks = append(checks, gitChecks...)
 	own := user
 	if m.keeper {
 		own = keeperUser(user)
 	}
 	cfg, hostCfg := containerConfig(sc, spec, binds, protected, own, m.instance.Labels(s.ID))
+	if g := m.cfg.Gateway; g != nil {
+		cfg.Entrypoint, cfg.Env = g.entrypoint(), append(cfg.Env, g.env()...)
+	}
 	if err := distinctTargets(hostCfg.Mounts); err != nil {
 		return fmt.Errorf("open session %s: %w", s.ID, err)
 	}
@@ -278,6 +282,9 @@ scratch:
 	var secOpt []string
 	if c.NoNewPrivileges {
 		secOpt = append(secOpt, "no-new-privileges")
+	}
+	if c.RefuseSetid {
+		secOpt = append(secOpt, setidSecurityOpt())
 	}
 	init := c.Init
 	host := &container.HostConfig{

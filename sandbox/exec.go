@@ -13,10 +13,15 @@ import (
 // and returns its output. The user matters: with no capabilities, only a
 // process of the same uid may signal the command's processes.
 func (s *Session) execOutput(ctx context.Context, cmd []string) ([]byte, error) {
-	// A command of the session can write into a helper's output (it runs
-	// as the same user, so /proc/PID/fd/1 is open to it): what sandboxd
-	// keeps is bounded, and a helper that says more has failed.
-	res, err := engine.Exec(ctx, s.m.cli, s.contID, engine.ExecCreateOptions{User: s.user, Cmd: cmd}, maxHelperOutput)
+	return s.execOutputAs(ctx, s.user, cmd)
+}
+
+// execOutputAs is execOutput as user.
+func (s *Session) execOutputAs(ctx context.Context, user string, cmd []string) ([]byte, error) {
+	// A command of the session can write into the output of a helper of
+	// its user (/proc/PID/fd/1 is open to it): what sandboxd keeps is
+	// bounded, and a helper that says more has failed.
+	res, err := engine.Exec(ctx, s.m.cli, s.contID, engine.ExecCreateOptions{User: user, Cmd: cmd}, maxHelperOutput)
 	switch {
 	case err != nil:
 		return res.Stdout, fmt.Errorf("session %s: %s: %w", s.ID, cmd[0], err)

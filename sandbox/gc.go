@@ -43,9 +43,7 @@ func (m *Manager) removeMade(name string) {
 			case <-m.ctx.Done():
 				return
 			}
-			ctx, cancel := context.WithTimeout(m.ctx, 30*time.Second)
-			err := engine.RemoveContainer(ctx, m.cli, name)
-			cancel()
+			err := engine.RemoveContainer(m.ctx, m.cli, name)
 			switch {
 			case err == nil:
 				m.log.Info("removed the container of a failed create", "container", name)
@@ -106,9 +104,11 @@ func (m *Manager) removeLater(s *Session) {
 // engine was busy), or one a start made after its session was given up
 // on. The next start would remove them, but there may be none.
 func (m *Manager) removeLeftovers(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	// Each removal has deadlines of its own.
+	ctx = context.WithoutCancel(ctx)
+	lctx, cancel := context.WithTimeout(ctx, listTimeout)
 	defer cancel()
-	list, err := m.cli.ContainerList(ctx, engine.ContainerListOptions{
+	list, err := m.cli.ContainerList(lctx, engine.ContainerListOptions{
 		All:     true,
 		Filters: make(engine.Filters).Add("label", LabelInstance+"="+m.instance.ID),
 	})
@@ -126,6 +126,26 @@ func (m *Manager) removeLeftovers(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// listTimeout bounds a listing of containers, which the engine answers
+// from its own record of them, also while it waits for a container.
+const listTimeout = 30 * time.Second
+
+// GCInBackground removes, as GC does, the containers of instances no
+// longer running, beside whatever the manager does meanwhile: a container
+// the engine is slow to remove holds up no session. Close stops it.
+func (m *Manager) GCInBackground() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return
+	}
+	m.wg.Go(func() {
+		if _, err := GC(m.ctx, m.cli, m.log, GCOptions{Keep: m.instance.ID}); err != nil && m.ctx.Err() == nil {
+			m.log.Warn("gc at start", "err", err)
+		}
+	})
+}
+
 // GCOptions selects what GC removes.
 type GCOptions struct {
 	// All removes every sandboxd container on the engine, live owner or not.
@@ -136,7 +156,7 @@ type GCOptions struct {
 
 // GC removes the containers whose owning instance is no longer running and
 // returns their ids. When it could not remove some, the error is a
-// *RemoveError.
+// *RemoveError. Every call it makes to the engine has a deadline.
 func GC(ctx context.Context, cli engine.API, log *slog.Logger, opts GCOptions) ([]string, error) {
 	host, err := os.Hostname()
 	if err != nil {
@@ -154,7 +174,9 @@ func GC(ctx context.Context, cli engine.API, log *slog.Logger, opts GCOptions) (
 			d.Close()
 		}
 	}
-	list, err := cli.ContainerList(ctx, engine.ContainerListOptions{
+	lctx, cancel := context.WithTimeout(ctx, listTimeout)
+	defer cancel()
+	list, err := cli.ContainerList(lctx, engine.ContainerListOptions{
 		All:     true,
 		Filters: make(engine.Filters).Add("label", LabelInstance),
 	})
@@ -171,7 +193,11 @@ func GC(ctx context.Context, cli engine.API, log *slog.Logger, opts GCOptions) (
 		if !opts.All && here.instanceAlive(c.Labels) {
 			continue
 		}
-		if err := engine.RemoveContainer(ctx, cli, c.ID); err != nil && !engine.IsNotFound(err) {
+		err := engine.RemoveContainer(ctx, cli, c.ID)
+		if engine.IsConflict(err) {
+			continue // a removal under way already
+		}
+		if err != nil && !engine.IsNotFound(err) {
 			errs = append(errs, fmt.Errorf("remove container %.12s: %w", c.ID, err))
 			continue
 		}

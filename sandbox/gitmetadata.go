@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -71,8 +72,28 @@ func gitDirsOf(dir string) (gitdir, common string, ok bool) {
 	return gitdir, common, true
 }
 
-// gitMetadataOf finds the git metadata in the session directories (real,
-// links resolved) and in the directories right below them (a folder of
+// gitNote is something protect_git could not protect: path, a
+// repository or a file of one, is to be treated as untrusted, and what
+// says what was left unprotected there.
+type gitNote struct{ path, what string }
+
+// gitMetadataOf returns the git metadata that scanGit finds, and what it
+// could not protect.
+func gitMetadataOf(real, also, mountPoints []string) ([]string, []gitNote) {
+	scan := scanGit(real, also, mountPoints)
+	return scan.found, scan.notes
+}
+
+// gitScan is what scanGit finds.
+type gitScan struct {
+	found []string
+	// repos are the repositories whose config host git reads there.
+	repos []gitRepo
+	notes []gitNote
+}
+
+// scanGit finds the git metadata in the session directories (real, links
+// resolved) and in the directories right below them (a folder of
 // projects, which editors search for repositories one level down): each
 // one's .git, a directory or the file a worktree, submodule or separate
 // git directory has; the git directory such a file names; and the common
@@ -85,28 +106,46 @@ func gitDirsOf(dir string) (gitdir, common string, ok bool) {
 // mountPoints (the host's filesystems below the session directories,
 // which the container does not show) is looked at: a dead network mount
 // would hang the look.
-func gitMetadataOf(real, also, mountPoints []string) ([]string, error) {
-	var found []string
+//
+// A repository it cannot read whole (an index it cannot parse, more
+// submodules or repositories than it protects) never fails the scan: what
+// it could not protect is in the notes, for the log, since any of it
+// may be a command's, planted to lock the workspace.
+func scanGit(real, also, mountPoints []string) gitScan {
+	var scan gitScan
+	note := func(path, what string) { scan.notes = append(scan.notes, gitNote{path, what}) }
 	in := append(slices.Clip(real), also...)
 	add := func(p string) bool {
-		if slices.Contains(found, p) || !slices.ContainsFunc(in, func(r string) bool { return Within(r, p) }) || !unlinked(p, in) {
+		if slices.Contains(scan.found, p) || !slices.ContainsFunc(in, func(r string) bool { return Within(r, p) }) || !unlinked(p, in) {
 			return false
 		}
-		found = append(found, p)
+		scan.found = append(scan.found, p)
 		return true
 	}
-	var roots []string
+	// The session directories come first, and their submodules, so that
+	// repositories a command made right below them cannot use up the
+	// bounds before those are looked at.
+	roots := slices.Clone(real)
+	var nested []string
 	for _, r := range real {
-		nested, err := nestedRepositories(r, mountPoints)
-		if err != nil {
-			return nil, err
+		repos, left := nestedRepositories(r, mountPoints)
+		if len(left) > 0 {
+			note(r, fmt.Sprintf("%d repositories right below it beyond the %d whose git metadata is mounted read-only, newest first: %s", len(left), maxNested, listSome(left)))
 		}
-		roots = append(append(roots, r), nested...)
+		nested = append(nested, repos...)
 	}
-	// Submodules found in an index are looked at as roots too, for
-	// their own .git and their own submodules.
 	fromIndex, indexBytes := 0, int64(indexBudget)
-	for i := 0; i < len(roots); i++ {
+	for i := 0; i < len(roots) || nested != nil; i++ {
+		if i == len(roots) {
+			for _, n := range nested {
+				if !slices.Contains(roots, n) { // a submodule of a session directory's too
+					roots = append(roots, n)
+				}
+			}
+			if nested = nil; i == len(roots) {
+				break
+			}
+		}
 		r := roots[i]
 		dotgit := filepath.Join(r, ".git")
 		if slices.Contains(mountPoints, dotgit) {
@@ -117,6 +156,9 @@ func gitMetadataOf(real, also, mountPoints []string) ([]string, error) {
 			continue
 		}
 		add(dotgit)
+		if gitdir != "" {
+			scan.repos = append(scan.repos, gitRepo{gitdir: gitdir, common: common, worktree: r})
+		}
 		if gitdir != dotgit && (gitdir == "" || !add(gitdir)) {
 			continue
 		}
@@ -129,13 +171,17 @@ func gitMetadataOf(real, also, mountPoints []string) ([]string, error) {
 		// pointed it elsewhere would have git, which goes into
 		// submodules for `git status`, run that repository's config.
 		for _, d := range dirs {
-			wts, err := submoduleWorktrees(d)
+			modules, err := submoduleRepos(d)
 			if err != nil {
-				return nil, err
+				note(filepath.Join(d, "modules"), fmt.Sprintf("the submodules beyond the first %d entries or %d levels (%v)", maxModuleDirs, maxModuleDepth, err))
 			}
-			for _, wt := range wts {
-				if _, ok, err := gitMetadata(wt); err == nil && ok && !slices.Contains(mountPoints, wt) {
-					add(filepath.Join(wt, ".git"))
+			for _, m := range modules {
+				scan.repos = append(scan.repos, m)
+				if m.worktree == "" || slices.Contains(mountPoints, m.worktree) {
+					continue
+				}
+				if _, ok, err := gitMetadata(m.worktree); err == nil && ok {
+					add(filepath.Join(m.worktree, ".git"))
 				}
 			}
 		}
@@ -150,24 +196,39 @@ func gitMetadataOf(real, also, mountPoints []string) ([]string, error) {
 		}
 		links, err := gitlinks(filepath.Join(gitdir, "index"), hashLen, &indexBytes)
 		if err != nil {
-			return nil, fmt.Errorf("%w: workspace: %v: sandboxd cannot tell which submodules to protect (session.protect_git); let git rewrite it (`git update-index --index-version 2`) or set protect_git = false", ErrInvalid, err)
+			note(r, fmt.Sprintf("the submodules its index records: %v", err))
 		}
+		var left []string
 		for _, l := range links {
 			wt := filepath.Join(r, filepath.FromSlash(l))
-			if slices.ContainsFunc(mountPoints, func(m string) bool { return Within(m, wt) }) || slices.Contains(roots, wt) {
+			if slices.ContainsFunc(mountPoints, func(m string) bool { return m != r && Within(r, m) && Within(m, wt) }) || slices.Contains(roots, wt) {
 				continue
 			}
-			if fromIndex++; fromIndex > maxModuleDirs {
-				return nil, fmt.Errorf("%w: workspace: %s records more submodules than sandboxd protects (%d; session.protect_git); set protect_git = false", ErrInvalid, r, maxModuleDirs)
+			if fromIndex >= maxModuleDirs {
+				left = append(left, wt)
+				continue
 			}
+			fromIndex++
 			if _, ok, err := gitMetadata(wt); err == nil && ok {
 				roots = append(roots, wt)
 			} else if fi, err := os.Lstat(wt); err == nil && fi.IsDir() {
 				add(wt)
 			}
 		}
+		if len(left) > 0 {
+			note(r, fmt.Sprintf("%d submodules its index records beyond the %d protected: %s", len(left), maxModuleDirs, listSome(left)))
+		}
 	}
-	return found, nil
+	return scan
+}
+
+// listSome lists the first few of paths, and how many more there are.
+func listSome(paths []string) string {
+	const some = 5
+	if len(paths) <= some {
+		return strings.Join(paths, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(paths[:some], ", "), len(paths)-some)
 }
 
 // gitLinks returns the .git entries that are links in the session
@@ -199,13 +260,13 @@ const (
 	maxModuleDepth = 8
 )
 
-// submoduleWorktrees returns the working trees of the submodules whose git
-// directories lie in gitdir's modules directory (core.worktree of each,
-// relative to it), nested ones too. A module's name may hold slashes,
-// which make directories of their own. A modules directory beyond its
-// bounds is refused rather than some submodules left out.
-func submoduleWorktrees(gitdir string) ([]string, error) {
-	var wts []string
+// submoduleRepos returns the git directories of the submodules in
+// gitdir's modules directory, nested ones too, each with its working tree
+// (core.worktree, relative to it; "" for none). A module's name may hold
+// slashes, which make directories of their own. Beyond the bounds it
+// returns what it found before, and an error.
+func submoduleRepos(gitdir string) ([]gitRepo, error) {
+	var repos []gitRepo
 	seen := 0
 	var walk func(dir string, depth int) error
 	walk = func(dir string, depth int) error {
@@ -214,7 +275,7 @@ func submoduleWorktrees(gitdir string) ([]string, error) {
 			return nil
 		}
 		if depth > maxModuleDepth || seen+len(entries) > maxModuleDirs {
-			return fmt.Errorf("%w: workspace: %s holds more submodules than sandboxd protects (%d entries, %d levels; session.protect_git); set protect_git = false", ErrInvalid, filepath.Join(gitdir, "modules"), maxModuleDirs, maxModuleDepth)
+			return fmt.Errorf("%s holds more than sandboxd looks at", dir)
 		}
 		seen += len(entries)
 		for _, e := range entries {
@@ -228,12 +289,14 @@ func submoduleWorktrees(gitdir string) ([]string, error) {
 				}
 				continue
 			}
+			m := gitRepo{gitdir: d}
 			if wt := gitConfigValue(filepath.Join(d, "config"), "core", "worktree"); wt != "" {
 				if !filepath.IsAbs(wt) {
 					wt = filepath.Join(d, wt)
 				}
-				wts = append(wts, filepath.Clean(wt))
+				m.worktree = filepath.Clean(wt)
 			}
+			repos = append(repos, m)
 			if err := walk(filepath.Join(d, "modules"), depth+1); err != nil {
 				return err
 			}
@@ -241,7 +304,7 @@ func submoduleWorktrees(gitdir string) ([]string, error) {
 		return nil
 	}
 	err := walk(filepath.Join(gitdir, "modules"), 0)
-	return wts, err
+	return repos, err
 }
 
 // maxNested bounds the repositories protected right below a session
@@ -249,15 +312,17 @@ func submoduleWorktrees(gitdir string) ([]string, error) {
 const maxNested = 256
 
 // nestedRepositories returns the directories right below dir that hold a
-// .git, in name order: not links, and not host mount points. More than
-// maxNested of them is refused rather than some left unprotected, which
-// a command could choose by making repositories that come first.
-func nestedRepositories(dir string, mountPoints []string) ([]string, error) {
+// .git (not links, and not host mount points), oldest first, at most
+// maxNested; left are the rest. Oldest is by the birth time of the .git,
+// which no command can set: a command that makes many repositories to
+// crowd out the person's gets only its own left out. Without birth
+// times, by name.
+func nestedRepositories(dir string, mountPoints []string) (repos, left []string) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, nil // the session's start reports a directory it cannot read
 	}
-	var repos []string
+	born := map[string]int64{}
 	for _, e := range entries {
 		p := filepath.Join(dir, e.Name())
 		if !e.IsDir() || e.Name() == ".git" || slices.ContainsFunc(mountPoints, func(m string) bool { return m == p || m == filepath.Join(p, ".git") }) {
@@ -265,12 +330,23 @@ func nestedRepositories(dir string, mountPoints []string) ([]string, error) {
 		}
 		if _, ok, err := gitMetadata(p); err == nil && ok {
 			repos = append(repos, p)
+			var st unix.Statx_t
+			if unix.Statx(unix.AT_FDCWD, filepath.Join(p, ".git"), unix.AT_SYMLINK_NOFOLLOW, unix.STATX_BTIME, &st) == nil && st.Mask&unix.STATX_BTIME != 0 {
+				born[p] = st.Btime.Sec*1e9 + int64(st.Btime.Nsec)
+			}
 		}
 	}
-	if len(repos) > maxNested {
-		return nil, fmt.Errorf("%w: workspace: %s holds %d repositories right below it, more than the %d whose git metadata sandboxd mounts read-only (session.protect_git); open a directory with fewer, or set protect_git = false", ErrInvalid, dir, len(repos), maxNested)
+	if len(repos) <= maxNested {
+		return repos, nil
 	}
-	return repos, nil
+	if len(born) == len(repos) {
+		slices.SortStableFunc(repos, func(a, b string) int { return cmp.Compare(born[a], born[b]) })
+	}
+	left = slices.Clone(repos[maxNested:])
+	slices.Reverse(left)
+	repos = repos[:maxNested]
+	slices.Sort(repos)
+	return repos, left
 }
 
 // isGitDir reports whether dir looks like a git directory (a HEAD, or
@@ -332,21 +408,14 @@ func pointedTo(file, prefix string) string {
 	return filepath.Clean(p)
 }
 
-// gitConfigValue returns key's value in section of a git config file, as
-// far as a plain reading tells (the last one set, quotes removed), or "".
+// gitConfigValue returns key's value in section (no subsection) of a git
+// config file, the last one set, or "": what git reads there, includes
+// aside.
 func gitConfigValue(file, section, key string) string {
-	var in bool
 	var value string
-	for _, line := range strings.Split(string(readSmallFile(file, 64<<10)), "\n") {
-		line = strings.TrimSpace(line)
-		if strings.HasPrefix(line, "[") {
-			name, _, _ := strings.Cut(strings.Trim(line, "[]"), " ")
-			in = strings.EqualFold(name, section)
-			continue
-		}
-		k, v, ok := strings.Cut(line, "=")
-		if in && ok && strings.EqualFold(strings.TrimSpace(k), key) {
-			value = strings.Trim(strings.TrimSpace(v), `"`)
+	for _, v := range parseGitConfig(readSmallFile(file, 64<<10)) {
+		if v.section == section && v.subsection == "" && v.key == key {
+			value = v.value
 		}
 	}
 	return value
@@ -362,10 +431,10 @@ func readSmallFile(file string, max int) []byte {
 	}
 	defer unix.Close(fd)
 	var st unix.Stat_t
-	if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+	if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size <= 0 {
 		return nil
 	}
-	b := make([]byte, max)
+	b := make([]byte, min(int64(max), st.Size))
 	n, err := unix.Read(fd, b)
 	if err != nil || n <= 0 {
 		return nil

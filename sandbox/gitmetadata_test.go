@@ -1,7 +1,6 @@
 package sandbox
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestGitMetadataOf(t *testing.T) {
@@ -122,8 +123,8 @@ func TestGitMetadataOf(t *testing.T) {
 		{"submodules in the index", r("sub"), r("sub/.git", "sub/vendor/empty", "sub/vendor/old/.git", "sub/vendor/old/deep/er/.git")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got, err := gitMetadataOf(tc.real, nil, nil); err != nil || !slices.Equal(got, tc.want) {
-				t.Errorf("gitMetadataOf = %q, %v; want %q", got, err, tc.want)
+			if got, notes := gitMetadataOf(tc.real, nil, nil); notes != nil || !slices.Equal(got, tc.want) {
+				t.Errorf("gitMetadataOf = %q, %v; want %q", got, notes, tc.want)
 			}
 		})
 	}
@@ -170,12 +171,16 @@ func TestGitConfigValue(t *testing.T) {
 }
 
 // TestNestedRepositoriesAreBounded: up to maxNested repositories right
-// below a session directory are protected; more are refused, rather than
-// some left out, which a command could choose by making repositories
-// that come first. A host mount point is not looked into.
+// below a session directory are protected, the oldest; the rest are
+// named, newest first, for the log. A host mount point is not looked
+// into.
 func TestNestedRepositoriesAreBounded(t *testing.T) {
 	root := t.TempDir()
-	for i := range maxNested {
+	// The person's, made first, named to come last.
+	if err := os.MkdirAll(filepath.Join(root, "zz-mine", ".git"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for i := range maxNested - 1 {
 		if err := os.MkdirAll(filepath.Join(root, fmt.Sprintf("r%03d", i), ".git"), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -184,20 +189,31 @@ func TestNestedRepositoriesAreBounded(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(mounted, ".git"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	got, err := nestedRepositories(root, []string{mounted})
-	if err != nil || len(got) != maxNested || slices.Contains(got, mounted) {
-		t.Errorf("nestedRepositories of %d and a mount point: %d, %v; want %d without the mount point", maxNested, len(got), err, maxNested)
+	got, left := nestedRepositories(root, []string{mounted})
+	if len(got) != maxNested || left != nil || slices.Contains(got, mounted) {
+		t.Errorf("nestedRepositories of %d and a mount point: %d, %q; want %d without the mount point", maxNested, len(got), left, maxNested)
 	}
-	if err := os.MkdirAll(filepath.Join(root, "one-more", ".git"), 0o755); err != nil {
-		t.Fatal(err)
+	for _, r := range []string{"a-planted", "b-planted"} {
+		if err := os.MkdirAll(filepath.Join(root, r, ".git"), 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if got, err := nestedRepositories(root, []string{mounted}); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "protect_git") {
-		t.Errorf("nestedRepositories of %d: %d, %v; want ErrInvalid naming protect_git", maxNested+1, len(got), err)
+	got, left = nestedRepositories(root, []string{mounted})
+	var st unix.Statx_t
+	if unix.Statx(unix.AT_FDCWD, root, 0, unix.STATX_BTIME, &st) != nil || st.Mask&unix.STATX_BTIME == 0 {
+		// By name: the last two are left.
+		if want := []string{filepath.Join(root, "zz-mine"), filepath.Join(root, "r254")}; len(got) != maxNested || !slices.Equal(left, want) {
+			t.Errorf("without birth times: %d protected, left %q; want %q", len(got), left, want)
+		}
+		return
+	}
+	if want := []string{filepath.Join(root, "b-planted"), filepath.Join(root, "a-planted")}; len(got) != maxNested || !slices.Equal(left, want) || !slices.Contains(got, filepath.Join(root, "zz-mine")) {
+		t.Errorf("%d protected, left %q; want the newest, %q, left and zz-mine protected", len(got), left, want)
 	}
 }
 
-// TestSubmodulesAreBounded: a modules directory beyond the bounds is
-// refused, not looked at in part.
+// TestSubmodulesAreBounded: a modules directory beyond the bounds gives
+// what was found before, and an error for the notes.
 func TestSubmodulesAreBounded(t *testing.T) {
 	gitdir := t.TempDir()
 	for i := range maxModuleDirs + 1 {
@@ -205,15 +221,37 @@ func TestSubmodulesAreBounded(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := submoduleWorktrees(gitdir); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "protect_git") {
-		t.Errorf("submoduleWorktrees of %d modules: %v, want ErrInvalid naming protect_git", maxModuleDirs+1, err)
+	if _, err := submoduleRepos(gitdir); err == nil {
+		t.Errorf("submoduleRepos of %d modules: no error", maxModuleDirs+1)
 	}
 	deep := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(deep, "modules", strings.Repeat("d/", maxModuleDepth+2)), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := submoduleWorktrees(deep); !errors.Is(err, ErrInvalid) {
-		t.Errorf("submoduleWorktrees %d levels deep: %v, want ErrInvalid", maxModuleDepth+2, err)
+	if _, err := submoduleRepos(deep); err == nil {
+		t.Errorf("submoduleRepos %d levels deep: no error", maxModuleDepth+2)
+	}
+}
+
+// TestUnreadableRepositoriesAreNoted: what sandboxd cannot read of a
+// repository (a command's, maybe) fails nothing: its .git is still found,
+// and the notes name it.
+func TestUnreadableRepositoriesAreNoted(t *testing.T) {
+	root := t.TempDir()
+	for _, d := range []string{"evil/.git", "good/.git"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(root, "evil/.git/index"), []byte("DIRC\x00\x00\x00\x09\x00\x00\x00\x00"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	found, notes := gitMetadataOf([]string{root}, nil, nil)
+	if want := []string{filepath.Join(root, "evil/.git"), filepath.Join(root, "good/.git")}; !slices.Equal(found, want) {
+		t.Errorf("found %q, want %q", found, want)
+	}
+	if len(notes) != 1 || notes[0].path != filepath.Join(root, "evil") || !strings.Contains(notes[0].what, "version 9") {
+		t.Errorf("notes %v, want one naming evil's index", notes)
 	}
 }
 

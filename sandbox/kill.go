@@ -24,12 +24,7 @@ func (t *Terminal) Kill(ctx context.Context) error {
 		// Under way: the command may have exited, what it left that
 		// ignores SIGTERM not yet.
 		t.mu.Unlock()
-		select {
-		case <-k.done:
-			return k.err
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+		return k.wait(ctx)
 	}
 	if t.Exited() {
 		t.mu.Unlock()
@@ -56,6 +51,16 @@ type killing struct {
 	err  error // set before done is closed
 }
 
+// wait returns the kill's error once it is done, or ctx's.
+func (k *killing) wait(ctx context.Context) error {
+	select {
+	case <-k.done:
+		return k.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 func (t *Terminal) killOnce(ctx context.Context) error {
 	// The kill must finish even if the caller gives up: a half-killed
 	// command is worse than a slow reply. An engine that hangs must not
@@ -78,7 +83,7 @@ func (t *Terminal) killOnce(ctx context.Context) error {
 	}
 	// Always finish with SIGKILL: children forked while SIGTERM was on its
 	// way, or that ignore it, would otherwise outlive the command.
-	if err := t.signalAll(kctx, syscall.SIGKILL, grace > 0); err != nil {
+	if err := t.signalAll(kctx, syscall.SIGKILL, false); err != nil {
 		return fmt.Errorf("kill terminal %s: %w", t.ID, err)
 	}
 	select {
@@ -90,21 +95,27 @@ func (t *Terminal) killOnce(ctx context.Context) error {
 }
 
 // signalAll signals every process of the command. Those the kill found
-// before are found again by pid and start time, so that one which removed
-// the marker and whose parent then died of the first signal still gets the
-// second.
-// The start and groups the pass before printed (killScript) are passed on
-// only when fresh, from this kill's own first pass: an older kill's would
-// widen what the SIGKILL takes to all it started since.
-func (t *Terminal) signalAll(ctx context.Context, sig syscall.Signal, fresh bool) error {
+// before are found again by pid and start time, and by the sessions they
+// were in, so that one which removed the marker and whose parent then
+// died of the first signal still gets the second. When the kill script
+// fails (a command stopped it, or runc's init of its exec), the session's
+// commands are ended from outside the container (reclaim). The last
+// argument means nothing any more (it said whether the known processes
+// were this kill's own, which sessions made moot): callers are to drop it.
+func (t *Terminal) signalAll(ctx context.Context, sig syscall.Signal, _ bool) error {
 	t.markSent(sig)
-	t.mu.Lock()
-	if !fresh {
-		// Also dropped where they are kept: a pass that fails leaves
-		// none behind for the next.
-		t.signalled = pairsOnly(t.signalled)
+	if t.cmd.merged() {
+		// A kill right after the start: the shell in front of the
+		// command says the command's session before the command runs,
+		// which may drop its marker at once.
+		select {
+		case <-t.topSaid:
+		case <-t.done:
+		case <-time.After(topWait):
+		}
 	}
-	known := t.signalled
+	t.mu.Lock()
+	known := t.top + t.signalled
 	t.mu.Unlock()
 	found, err := t.session.signalMarked(ctx, sig, []string{t.ID}, known)
 	if err == nil && found != "" {
@@ -116,42 +127,35 @@ func (t *Terminal) signalAll(ctx context.Context, sig syscall.Signal, fresh bool
 		// Gone already, or going with its container.
 		return nil
 	}
-	return err
-}
-
-// pairsOnly drops from a kill's known processes the start and groups of
-// the pass that printed them.
-func pairsOnly(known string) string {
-	var b strings.Builder
-	for f := range strings.FieldsSeq(known) {
-		if f[0] != '@' && f[0] != '%' {
-			b.WriteString(f + " ")
-		}
+	if err != nil {
+		return t.session.reclaim(ctx, fmt.Errorf("kill terminal %s: %w", t.ID, err), t)
 	}
-	return b.String()
+	return nil
 }
 
 // How kill.sh finds a terminal's processes. A process is one of theirs
 // when its environment carries one of the markers given as grep -e
 // arguments, when it is one of the pairs given (known, from an earlier kill
-// of the same terminals), or when it descends from one of those: a process
-// that removed the marker from its environment is still its parent's
-// child, or, once orphaned while the command runs, the child of the
-// command's own reaper (reaperPath), which carries the marker; or, adopted
-// by the container's init with no marker in an environment it can read, it
-// started after the kill's first signal and is in one of the process
-// groups that signal reached (the "@start" and "%group" the SIGTERM pass
-// prints ahead of its pairs; start times in clock ticks since boot, as
-// /proc/PID/stat has them): forked by one that removed its marker as the
-// command, and its reaper with it, ended on that signal. Another command's
-// process that lost its reaper meanwhile is of another group (the reaper
-// gives each command its own), and is left alone; with no reaper every
-// command's group is 0, which scopes nothing, and the rule is off. Markers
-// are plain regular expressions (letters, digits, '_' and '='): busybox
-// grep -F stops at the first NUL of environ, its regex matcher does not. A
-// reaper is not sent SIGTERM or SIGHUP: it passes them on to its child,
-// which would get them twice, and some programs take a second one as "stop
-// now".
+// of the same terminals), when it descends from one of those, or when it
+// is in the session of one of those or in a session given. Each command's
+// exec is a session of its own (the engine's runtime makes it one) that
+// its first process leads, and what the command starts stays in it unless
+// it makes a session of its own, which is then the command's too. So a
+// process that removed the marker from its environment is still found: by
+// its parent while it has one, and by its session once orphaned (the
+// container's init adopts it), also when it is the command's first
+// process (sandboxd passes the session that one leads, "%SID:start", as
+// the shell in front of the command reports it: Command.execArgv). A
+// session given is the terminals' while its leader is the one recorded
+// (pid and start time, in clock ticks since boot as /proc/PID/stat has
+// them) or is gone (no other process can take its id while one is in
+// it); ":0" records one whose leader was gone already. Sessions 0 and 1
+// (the container's init) are nobody's. Markers are plain regular
+// expressions (letters, digits, '_' and '='): busybox grep -F stops at
+// the first NUL of environ, its regex matcher does not. A reaper (the
+// engine's init in front of a command of sandboxd run: reaperPath) is not
+// sent SIGTERM or SIGHUP: it passes them on to its child, which would get
+// them twice, and some programs take a second one as "stop now".
 //
 // The first look runs grep, which costs a fork, and a fork that fails
 // ends the shell at once. In a container at its pids limit the exec itself
@@ -180,8 +184,9 @@ func pairsOnly(known string) string {
 // read whole: a command name may hold a newline.
 
 // killScript is kill.sh, run as `sh -c killScript sh SIG KNOWN -e MARKER...`:
-// it signals every process of some terminals and prints them, as
-// pid:start-time pairs, for a later kill to find again.
+// it signals every process of some terminals and prints them, their
+// sessions first ("%SID:start") and then pid:start-time pairs, for a later
+// kill to find again.
 //
 //go:embed kill.sh
 var killScript string
@@ -190,16 +195,31 @@ var killScript string
 // and cut, with room to spare.
 const killHeadroom = 16
 
-// maxKnown bounds the pairs a kill passes on to the next, to keep them one
-// argument the kernel takes (MaxArgLen); a tree larger than that is found
-// again by its markers and their descendants only.
+// maxKnown bounds the sessions and pairs a kill passes on to the next, to
+// keep them one argument the kernel takes (MaxArgLen); a tree larger than
+// that is found again by its markers, sessions and descent only.
 const maxKnown = 64 << 10
+
+// How long a pass of the kill script may take. It runs as the commands'
+// user, so a command can stop it, or runc's init of its exec, which then
+// holds the engine on the container (no exec, inspect or removal of it
+// answers): past this the kill goes on from outside the container
+// (reclaim). A SIGKILL pass stops a whole tree first (a fork bomb's takes
+// a while) and waits up to 3 s for the reaping.
+const (
+	signalPassTimeout = 5 * time.Second
+	killPassTimeout   = 10 * time.Second
+)
+
+// errHelperSilent is the cause of a pass of the kill script that took too
+// long.
+var errHelperSilent = errors.New("the kill script did not end in time (a command may have stopped it)")
 
 // signalMarked sends sig to every process of the given terminals, found by
 // their marker environment variable, known (what an earlier signalMarked
-// of the same terminals returned) and descent, and returns what it
-// signalled, for the next. It runs as an exec, so it works with a remote
-// engine too.
+// of the same terminals returned, and the sessions their commands lead),
+// descent and session, and returns what it signalled, for the next. It
+// runs as an exec, so it works with a remote engine too.
 func (s *Session) signalMarked(ctx context.Context, sig syscall.Signal, terminals []string, known string) (string, error) {
 	if len(known) > maxKnown {
 		known = known[:strings.LastIndexByte(known[:maxKnown], ' ')+1]
@@ -211,21 +231,35 @@ func (s *Session) signalMarked(ctx context.Context, sig syscall.Signal, terminal
 		// of another.
 		argv = append(argv, "-e", MarkerEnv+"="+id)
 	}
-	out, err := s.execOutput(ctx, argv)
-	if err == nil {
-		return string(out), nil
+	limit := signalPassTimeout
+	if sig == syscall.SIGKILL {
+		limit = killPassTimeout
+	}
+	pass := func() (string, error) {
+		ctx, cancel := context.WithTimeoutCause(ctx, limit, errHelperSilent)
+		defer cancel()
+		out, err := s.execOutput(ctx, argv)
+		if cause := context.Cause(ctx); err != nil && errors.Is(cause, errHelperSilent) {
+			err = fmt.Errorf("session %s: %w", s.ID, cause)
+		}
+		return string(out), err
+	}
+	out, err := pass()
+	if err == nil || errors.Is(err, errHelperSilent) {
+		return out, err
 	}
 	// A command that used up the pids limit (a fork bomb) leaves no pid
 	// for the kill itself: lend the container a few pids for the kill,
 	// then take them back.
 	s.m.log.Debug("kill exec failed; retrying with pids headroom", "session", s.ID, "err", err)
-	restore, uerr := s.lendPids(ctx, killHeadroom)
+	lctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	restore, uerr := s.lendPids(lctx, killHeadroom)
 	if uerr != nil {
 		return "", errors.Join(err, uerr)
 	}
 	defer restore()
-	out, err = s.execOutput(ctx, argv)
-	return string(out), err
+	return pass()
 }
 
 // lendPids raises the container's pids limit by n until restore is called
@@ -291,5 +325,92 @@ func (s *Session) runSweep() {
 	defer cancel()
 	if _, err := s.signalMarked(ctx, syscall.SIGKILL, ids, ""); err != nil && ctx.Err() == nil {
 		s.m.log.Debug("sweep after release", "session", s.ID, "err", err)
+		if err := s.reclaim(ctx, fmt.Errorf("sweep after release: %w", err)); err != nil {
+			s.m.log.Warn("sweep after release", "session", s.ID, "err", err)
+		}
+	}
+}
+
+// reclaim ends every command of the session from outside its container,
+// for when the kill script could not (why): a command stopped or flooded
+// it, or stopped runc's init of its exec, which holds the engine on the
+// container. From this host, where sandboxd sees the container's
+// processes and may signal them (as root, or as the commands' user), it
+// SIGKILLs every one that is not the container's own (the keeper's), which
+// frees the engine too, and the session goes on. Elsewhere (a remote
+// engine, another user's commands), or where the container's own
+// processes run as the commands' user, it closes the session: the engine
+// kills and removes the container, and the session's next command opens
+// it again, in a new one. The terminals it ends, the session's and those
+// given (released ones), report SIGKILL. Concurrent calls share one.
+func (s *Session) reclaim(ctx context.Context, why error, also ...*Terminal) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil // its container goes, with every process in it
+	}
+	if r := s.reclaiming; r != nil {
+		s.mu.Unlock()
+		return r.wait(ctx)
+	}
+	r := &killing{done: make(chan struct{})}
+	s.reclaiming = r
+	terms := also
+	for _, t := range s.terminals {
+		terms = append(terms, t)
+	}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.reclaiming = nil
+		s.mu.Unlock()
+		close(r.done)
+	}()
+	for _, t := range terms {
+		if !t.Exited() {
+			t.markSent(syscall.SIGKILL)
+		}
+	}
+	if own := keeperUser(s.user); s.m.keeper && own != s.user {
+		n, err := engine.KillOnHost(s.contID, keeper)
+		if err == nil {
+			s.m.log.Warn("ended every command of the session from this host, as its own kill could not", "session", s.ID, "processes", n, "why", why)
+			return nil
+		}
+		why = fmt.Errorf("%w; from this host: %w", why, err)
+	}
+	s.m.log.Warn("closing the session, whose commands its own kill could not end: the engine kills and removes its container, and its next command opens it again, in a new container", "session", s.ID, "why", why)
+	r.err = s.Close(ctx)
+	return r.err
+}
+
+// topWait is how long a kill waits for the shell in front of a command
+// to say the command's session (mergeStderr): it says it as the exec
+// starts, some 50 ms after the create.
+const topWait = 2 * time.Second
+
+// startWatch is how long an exec's create and attach may take before
+// sandboxd asks whether the engine is held on the session's container
+// (unwedge): they take milliseconds when it is not.
+const startWatch = 10 * time.Second
+
+// pingTimeout bounds the ping by which unwedge tells an engine held on
+// one container from one that is slow or gone.
+const pingTimeout = 5 * time.Second
+
+// unwedge ends the session's commands from outside its container
+// (reclaim) when the engine answers a ping while a call about the
+// container (what) has waited startWatch: an exec whose start a command
+// stopped (runc's init of it) holds the engine on the container, and
+// every exec, inspect or removal of it waits.
+func (s *Session) unwedge(what string) {
+	ctx, cancel := context.WithTimeout(s.m.ctx, pingTimeout)
+	defer cancel()
+	if _, err := s.m.cli.Ping(ctx, engine.PingOptions{}); err != nil {
+		return
+	}
+	why := fmt.Errorf("%s: the engine answers, but not about the session's container within %v (a command may have stopped runc's init of an exec)", what, startWatch)
+	if err := s.reclaim(context.WithoutCancel(s.m.ctx), why); err != nil {
+		s.m.log.Warn("free the engine held on the session's container", "session", s.ID, "err", err)
 	}
 }

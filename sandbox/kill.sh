@@ -1,6 +1,6 @@
 sig=$1; known=" $2 "; shift 2; n=0; last=
-since=; groups=" "
-for k in $known; do case $k in @*) since=${k#@};; %*) groups="$groups${k#%} ";; esac; done
+sess=
+for k in $known; do case $k in %*) sess="$sess ${k#%}";; esac; done
 pc=/sys/fs/cgroup/pids; [ -r "$pc/pids.max" ] || pc=/sys/fs/cgroup
 room() {
   max=; cur=
@@ -29,6 +29,7 @@ readstat() {
   st=
   { read -r st; while read -r l; do st="$st $l"; done; } 2>/dev/null < "$1"
 }
+sids=
 tree() {
   links=; reapers=" "
   for d in /proc/[0-9]*; do
@@ -39,24 +40,32 @@ tree() {
     set -- ${st##*) }
     case $1 in Z|X) continue;; esac
     case $known in *" $p:${20} "*) case $pids in *" $p "*) ;; *) pids="$pids$p ";; esac;; esac
-    if [ "$2" = 1 ] && [ -n "$since" ] && [ "${20}" -ge "$since" ]; then
-      case $groups in *" $3 "*)
-        case $pids in *" $p "*) ;; *)
-          e=; l=
-          { while read -r l; do e="$e$l"; done; e="$e$l"; } 2>/dev/null < "$d/environ"
-          case $e in ''|*SANDBOXD_TERMINAL=*) ;; *) pids="$pids$p ";; esac;;
-        esac;;
-      esac
-    fi
-    links="$links $p:$2:$3:${20}"
+    links="$links $p:$2:$4:${20}"
   done
+  if [ -z "$sids" ]; then
+    sids=" "
+    for k in $sess; do
+      s=${k%%:*}; t=${k#*:}; ok=1
+      [ "$s" -gt 1 ] 2>/dev/null || continue
+      for l in $links; do
+        case $l in "$s:"*) [ "$t" != 0 ] && [ "${l##*:}" = "$t" ] || ok=0; break;; esac
+      done
+      [ $ok = 0 ] || sids="$sids$s "
+    done
+  fi
   grew=1
-  while [ "$pids" != " " ] && [ $grew = 1 ]; do
+  while [ $grew = 1 ]; do
     grew=0
     for l in $links; do
-      p=${l%%:*}; pp=${l#*:}; pp=${pp%%:*}
-      case $pids in *" $p "*) continue;; esac
-      case $pids in *" $pp "*) pids="$pids$p "; grew=1;; esac
+      p=${l%%:*}; r=${l#*:}; pp=${r%%:*}; r=${r#*:}; s=${r%%:*}
+      case $pids in
+      *" $p "*)
+        [ "$s" -gt 1 ] || continue
+        case $sids in *" $s "*) ;; *) sids="$sids$s "; grew=1;; esac
+        continue;;
+      esac
+      case $pids in *" $pp "*) pids="$pids$p "; grew=1; continue;; esac
+      case $sids in *" $s "*) pids="$pids$p "; grew=1;; esac
     done
   done
 }
@@ -65,14 +74,10 @@ if [ "$sig" != KILL ]; then
   send=
   for p in $pids; do case $reapers in *" $p "*) ;; *) send="$send $p";; esac; done
   [ -z "$send" ] || kill -s "$sig" $send 2>/dev/null
-  readstat /proc/$$/stat; set -- ${st##*) }
-  printf '@%s ' "${20}"
-  gs=" "
-  for l in $links; do
-    case $pids in *" ${l%%:*} "*)
-      g=${l#*:}; g=${g#*:}; g=${g%%:*}
-      case $gs in *" $g "*) ;; *) gs="$gs$g "; [ "$g" = 0 ] || printf '%%%s ' "$g";; esac;;
-    esac
+  for s in $sids; do
+    t=0
+    for l in $links; do case $l in "$s:"*) t=${l##*:}; break;; esac; done
+    printf '%%%s:%s ' "$s" "$t"
   done
   for l in $links; do
     case $pids in *" ${l%%:*} "*) printf '%s:%s ' "${l%%:*}" "${l##*:}";; esac
@@ -98,6 +103,7 @@ read -r t0 _ < /proc/uptime; t0=${t0%.*}${t0#*.}
 reaps=0; readstat /proc/1/stat
 case $st in "1 (docker-init) "*|"1 (tini) "*) reaps=1;; esac
 for k in $known; do
+  case $k in %*) continue;; esac
   while :; do
     readstat "/proc/${k%%:*}/stat"
     [ -n "$st" ] || break

@@ -23,6 +23,10 @@ type Manager struct {
 	log      *slog.Logger
 	instance *Instance
 	hostCPUs int
+	// hostMemory is the memory of the engine's host (0: the engine said
+	// none); memoryBudget is what the memory limits of the instance's
+	// containers may add up to (server.memory_budget; 0: no bound).
+	hostMemory, memoryBudget int64
 	// reaper says commands run behind the engine's init (reaperPath):
 	// the containers have one, and it is tini, which can be a subreaper.
 	reaper bool
@@ -58,9 +62,12 @@ type Manager struct {
 	// session may have). A spare that failed otherwise (an engine slow
 	// for a while) is tried again by the next session that finds none.
 	spareStarting, spareHopeless bool
-	// outputBytes is the sum of the byte limits of unreleased terminals'
-	// output buffers (server.max_output_memory bounds it).
-	outputBytes int64
+	// output is the byte limits of unreleased terminals' output buffers
+	// (server.max_output_memory bounds it).
+	output *MemoryPool
+	// memory is the memory limit of each session of sessions and
+	// detached, taken at reserve: what it commits of memoryBudget.
+	memory map[*Session]int64
 }
 
 // NewManager connects sandboxd to the engine: it takes an instance lock,
@@ -81,6 +88,9 @@ func NewManager(ctx context.Context, cli engine.API, cfg Config, log *slog.Logge
 	if err := checkNetwork(ctx, cli, cfg); err != nil {
 		return nil, err
 	}
+	if err := checkMemoryBudget(cfg, info.Info.MemTotal); err != nil {
+		return nil, err
+	}
 	in, err := NewInstance()
 	if err != nil {
 		return nil, err
@@ -88,25 +98,33 @@ func NewManager(ctx context.Context, cli engine.API, cfg Config, log *slog.Logge
 	if _, err := GC(ctx, cli, log, GCOptions{Keep: in.ID}); err != nil {
 		log.Warn("gc at start", "err", err)
 	}
+	cfg.requests = NewMemoryPool(MaxRequestMemory)
 	mctx, cancel := context.WithCancel(context.Background())
 	m := &Manager{
-		cli:      cli,
-		cfg:      cfg,
-		log:      log.With("instance", in.ID),
-		instance: in,
-		hostCPUs: info.Info.NCPU,
-		reaper:   cfg.Session.Init && tiniInit(info.Info.InitBinary),
-		keeper:   !mapsIDs(info.Info.SecurityOptions),
-		ctx:      mctx,
-		cancel:   cancel,
-		sessions: make(map[string]*Session),
-		detached: make(map[*Session]struct{}),
+		cli:          cli,
+		cfg:          cfg,
+		log:          log.With("instance", in.ID),
+		instance:     in,
+		hostCPUs:     info.Info.NCPU,
+		hostMemory:   info.Info.MemTotal,
+		memoryBudget: cfg.Server.MemoryBudget.Of(info.Info.MemTotal),
+		reaper:       cfg.Session.Init && tiniInit(info.Info.InitBinary),
+		keeper:       !mapsIDs(info.Info.SecurityOptions),
+		ctx:          mctx,
+		cancel:       cancel,
+		sessions:     make(map[string]*Session),
+		detached:     make(map[*Session]struct{}),
+		memory:       make(map[*Session]int64),
+		output:       NewMemoryPool(int64(cfg.Server.MaxOutputMemory)),
 	}
 	if !m.keeper {
 		m.log.Info("the engine maps user ids: the containers' own processes run as the commands' user, whose `kill -9 -1` stops a session's container")
 	}
 	for _, missing := range unenforcedLimits(info.Info) {
 		m.log.Warn("the engine cannot enforce a limit of the sessions: it drops it from every container (its kernel lacks the cgroup controller, or swap accounting)", "limit", missing)
+	}
+	if m.memoryBudget == 0 {
+		m.log.Warn("the engine reports no memory size: the memory limits of the sessions are not bounded together; set server.memory_budget as a size", "memory_budget", cfg.Server.MemoryBudget)
 	}
 	if cfg.Session.Init && !m.reaper {
 		m.log.Warn("the engine's init is not tini: commands run without a reaper of their own, so a process that removes "+MarkerEnv+" from its environment can outlive its kill", "init", info.Info.InitBinary)
@@ -189,28 +207,97 @@ func (m *Manager) sizedFromInside() bool {
 // engine is reached otherwise.
 func (m *Manager) engineSocket() string { return engine.Socket(m.cli) }
 
-// Config returns the configuration the manager runs with.
-func (m *Manager) Config() Config { return m.cfg }
+// Config returns the configuration the manager runs with; a nil manager
+// (a scope that opens no session) has the zero one.
+func (m *Manager) Config() Config {
+	if m == nil {
+		return Config{}
+	}
+	return m.cfg
+}
 
 // reserveOutput counts a new terminal's output buffer against
 // server.max_output_memory.
 func (m *Manager) reserveOutput(session string, n int) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	max := int64(m.cfg.Server.MaxOutputMemory)
-	if m.outputBytes+int64(n) > max {
-		return fmt.Errorf("session %s: %w: the output buffers of terminals not released, or released but still running, would hold more than %s (server.max_output_memory); release some, or ask for a smaller outputByteLimit", session, ErrLimit, ByteSize(max))
+	if !m.output.Take(int64(n)) {
+		return fmt.Errorf("session %s: %w: the output buffers of terminals not released, or released but still running, would hold more than %s (server.max_output_memory); release some, or ask for a smaller outputByteLimit", session, ErrLimit, ByteSize(m.output.Max()))
 	}
-	m.outputBytes += int64(n)
 	return nil
 }
 
-// releaseOutput gives back what reserveOutput counted.
-func (m *Manager) releaseOutput(n int) {
-	m.mu.Lock()
-	m.outputBytes -= int64(n)
-	m.mu.Unlock()
+// memoryOf is the memory limit of a session opened with spec.
+func (m *Manager) memoryOf(spec SessionSpec) int64 {
+	if spec.Limits.Memory != 0 {
+		return spec.Limits.Memory
+	}
+	return int64(m.cfg.Session.Memory)
 }
+
+// CheckMemory refuses a memory limit that no session of the instance may
+// have, whatever else is open: more than the memory of the engine's host
+// (ErrInvalid), or than the memory budget (ErrLimit). Its message starts
+// with "memory".
+func (m *Manager) CheckMemory(limit int64) error {
+	if m.hostMemory > 0 && limit > m.hostMemory {
+		return invalidError(fmt.Sprintf("memory %s is more than the %s of memory the engine's host has", roundBytes(limit), roundBytes(m.hostMemory)))
+	}
+	if m.memoryBudget > 0 && limit > m.memoryBudget {
+		return limitError(fmt.Sprintf("memory %s is more than the memory budget of %s", roundBytes(limit), budgetText(m.cfg.Server.MemoryBudget, m.hostMemory)))
+	}
+	return nil
+}
+
+// admitLocked refuses a new session with a memory limit of mem when the
+// limits of the sessions whose containers are there or on their way
+// would then add up to more than the memory budget. The spare does not
+// count here: makeRoomLocked removes it when it stands in the way.
+// m.mu must be held.
+func (m *Manager) admitLocked(mem int64) error {
+	if err := m.CheckMemory(mem); err != nil {
+		return err
+	}
+	if m.memoryBudget == 0 {
+		return nil
+	}
+	committed, n := m.committedLocked()
+	if committed+mem <= m.memoryBudget {
+		return nil
+	}
+	return limitError(fmt.Sprintf("memory: %s more would commit %s, over the memory budget of %s; %d sessions commit %s: close one, or ask for less memory",
+		roundBytes(mem), roundBytes(committed+mem), budgetText(m.cfg.Server.MemoryBudget, m.hostMemory), n, roundBytes(committed)))
+}
+
+// committedLocked returns what the memory limits of the sessions whose
+// containers are there or on their way add up to, and how many they are.
+// m.mu must be held.
+func (m *Manager) committedLocked() (bytes int64, sessions int) {
+	add := func(s *Session) {
+		mem, ok := m.memory[s]
+		if !ok {
+			// A container whose removal is tried again, its session
+			// forgotten: counted at the most a session may have.
+			mem = int64(m.cfg.Session.Max.Memory)
+		}
+		bytes += mem
+		sessions++
+	}
+	for _, s := range m.sessions {
+		add(s)
+	}
+	for s := range m.detached {
+		add(s)
+	}
+	return bytes, sessions
+}
+
+// limitError is ErrLimit with a message of its own.
+type limitError string
+
+func (e limitError) Error() string        { return string(e) }
+func (e limitError) Is(target error) bool { return target == ErrLimit }
+
+// releaseOutput gives back what reserveOutput counted.
+func (m *Manager) releaseOutput(n int) { m.output.Give(int64(n)) }
 
 // Open creates and starts the container of a new session under key, which
 // callers use to keep sessions of different clients apart. Opening a key
@@ -293,8 +380,13 @@ func (m *Manager) reserve(key string, spec SessionSpec) (*Session, int, error) {
 	if len(m.sessions)+len(m.detached) >= int(m.cfg.Server.MaxSessions) {
 		return nil, 0, fmt.Errorf("open session %s: %w: %d sessions are open (server.max_sessions)", spec.ID, ErrLimit, m.cfg.Server.MaxSessions)
 	}
+	mem := m.memoryOf(spec)
+	if err := m.admitLocked(mem); err != nil {
+		return nil, 0, fmt.Errorf("open session %s: %w", spec.ID, err)
+	}
 	if s := m.spare; s != nil && spareFits(s.spec, spec) {
 		m.spare = nil
+		m.memory[s] = mem
 		s.key, s.ID = key, spec.ID
 		s.spec.Dir, _ = checkDir(spec)
 		// Idle from now on, not since the spare was made: an old spare
@@ -309,6 +401,8 @@ func (m *Manager) reserve(key string, spec SessionSpec) (*Session, int, error) {
 	}
 	s := newSession(m, key, spec)
 	m.sessions[key] = s
+	m.memory[s] = mem
+	m.makeRoomLocked()
 	// No spare, or one that does not fit: the next session may.
 	m.refillSpare()
 	// Close waits for the start (startSession's Done), in the caller's
@@ -385,7 +479,13 @@ func (m *Manager) forget(s *Session) {
 	if m.sessions[s.key] == s {
 		delete(m.sessions, s.key)
 	}
-	delete(m.detached, s)
+	if !m.retrying[s] {
+		// One whose container removeLater tries again to remove (a
+		// start that failed, and then its removal) counts until the
+		// container is gone.
+		delete(m.detached, s)
+	}
+	delete(m.memory, s)
 	m.mu.Unlock()
 }
 

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -105,46 +106,19 @@ func checkGrant(origin, source, real, engineSocket string, private []string) err
 }
 
 // userLinkOn returns the first symbolic link not owned by root that
-// resolving path passes, and its owner; "" when there is none. It resolves
-// as the kernel does, component by component, so that a link inside a
-// link's target is looked at too. A path that does not resolve has no
-// link to report beyond the point where it stops.
+// resolving path passes (resolvePath), and its owner; "" when there is
+// none. A path that does not resolve has no link to report beyond the
+// point where it stops.
 func userLinkOn(path string) (link string, uid uint32, err error) {
-	cur := "/"
-	todo := strings.Split(path, "/")
-	for n := 0; len(todo) > 0; {
-		c := todo[0]
-		todo = todo[1:]
-		switch c {
-		case "", ".":
-			continue
-		case "..":
-			cur = filepath.Dir(cur)
-			continue
-		}
-		next := filepath.Join(cur, c)
+	_, links, err := resolvePath(path)
+	for _, l := range links {
 		var st syscall.Stat_t
-		if syscall.Lstat(next, &st) != nil {
-			return "", 0, nil
+		if syscall.Lstat(l, &st) == nil && st.Uid != 0 {
+			return l, st.Uid, nil
 		}
-		if st.Mode&syscall.S_IFMT != syscall.S_IFLNK {
-			cur = next
-			continue
-		}
-		if st.Uid != 0 {
-			return next, st.Uid, nil
-		}
-		if n++; n > 255 {
-			return "", 0, fmt.Errorf("too many links on its way")
-		}
-		target, err := os.Readlink(next)
-		if err != nil {
-			return "", 0, nil
-		}
-		if filepath.IsAbs(target) {
-			cur = "/"
-		}
-		todo = append(strings.Split(target, "/"), todo...)
+	}
+	if errors.Is(err, syscall.ELOOP) {
+		return "", 0, err
 	}
 	return "", 0, nil
 }

@@ -21,6 +21,10 @@ type mountCheck struct {
 	// above, put somewhere else leaves the target showing the directory
 	// as checked, and only the mount table tells.
 	mountPoint bool
+	// unseen says the session's user may not enter a directory on the
+	// way to the target (one a command set to mode 000, say): stat
+	// cannot look there, and only the mount table is checked.
+	unseen bool
 }
 
 // verifyMounts makes sure each target in the running container is the
@@ -29,6 +33,13 @@ type mountCheck struct {
 // which follows links; the device and inode seen from inside tell.
 func (s *Session) verifyMounts(ctx context.Context, checks []mountCheck, covers []string) error {
 	cmd := []string{"stat", "-c", "%d:%i", "--"}
+	var unseen []string // in the mount table only
+	checks = slices.DeleteFunc(slices.Clone(checks), func(c mountCheck) bool {
+		if c.unseen {
+			unseen = append(unseen, c.target)
+		}
+		return c.unseen
+	})
 	for _, c := range checks {
 		cmd = append(cmd, c.target)
 	}
@@ -38,7 +49,7 @@ func (s *Session) verifyMounts(ctx context.Context, checks []mountCheck, covers 
 	defer cancel()
 	// The mount table is read meanwhile: two execs one after the other
 	// would add one's time to every cold start.
-	want := slices.Clone(covers)
+	want := append(slices.Clone(covers), unseen...)
 	for _, c := range checks {
 		if c.mountPoint {
 			want = append(want, c.target)

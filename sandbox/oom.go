@@ -16,11 +16,17 @@ import (
 // killed in the background is not put down to a command much later. It
 // costs an exec, so it is only asked when needed.
 func (s *Session) oomKillsRose(ctx context.Context) bool {
-	// A command of the session can stop the reading cat: the exit status
-	// must not wait for it.
+	// The container's own user reads, where it is not the commands': a
+	// command could stop a cat of its own user, or runc's init of its
+	// exec, which would hold the engine on the container. The exit status
+	// does not wait for it long all the same.
 	ctx, cancel := context.WithTimeout(ctx, oomReadTimeout)
 	defer cancel()
-	out, err := s.execOutput(ctx, []string{"cat", "/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events"})
+	user := s.user
+	if s.m.keeper {
+		user = keeperUser(s.user)
+	}
+	out, err := s.execOutputAs(ctx, user, []string{"cat", "/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events"})
 	// One of the two files is missing (cgroup v1 or v2): cat fails, and
 	// what it read of the other counts. Any other failure (flooded, out
 	// of time) leaves nothing to trust.

@@ -45,6 +45,9 @@ type Scope struct {
 	// shared says the scope's own session for shared terminals
 	// (SessionFor) is open.
 	shared bool
+	// pinned, once set, is the one session every id of the scope maps
+	// to (Pin).
+	pinned string
 }
 
 // maxEnded bounds how many closed sessions a scope remembers.
@@ -92,9 +95,10 @@ func (sc *Scope) Config() Config { return sc.m.Config() }
 
 // KeepSpare keeps a container started ahead for the next session of the
 // scope, when its defaults set no limits of their own (a spare with other
-// limits than the configured ones would never fit).
+// limits than the configured ones would never fit) and it has no pinned
+// session, which is the only one it opens.
 func (sc *Scope) KeepSpare() {
-	if d := sc.defaults; d.Limits == (SessionSpec{}).Limits {
+	if d := sc.defaults; d.Limits == (SessionSpec{}).Limits && sc.pinnedID() == "" {
 		sc.m.KeepSpare(SessionSpec{ID: "spare", Workspace: sc.workspace, Image: d.Image, Network: d.Network})
 	}
 }
@@ -102,6 +106,9 @@ func (sc *Scope) KeepSpare() {
 // Session returns the scope's open session with the given id: ErrNotFound
 // when the scope has none by that id, or the manager closed it.
 func (sc *Scope) Session(ctx context.Context, id string) (*Session, error) {
+	if p := sc.pinnedID(); p != "" {
+		id = p
+	}
 	sc.mu.Lock()
 	_, ok := sc.sessions[id]
 	sc.mu.Unlock()
@@ -121,6 +128,10 @@ func (sc *Scope) Session(ctx context.Context, id string) (*Session, error) {
 // workspace, never the directory the peer names; cwd, if set, must lie in
 // the workspace. A session the editor ended (End) stays ended.
 func (sc *Scope) SessionForCommand(ctx context.Context, id, cwd string) (*Session, error) {
+	if p := sc.pinnedID(); p != "" {
+		// Never opened again: the agent ran in it.
+		return sc.Session(ctx, p)
+	}
 	sc.mu.Lock()
 	again, ok := sc.sessions[id]
 	ended := sc.ended[id]
@@ -253,7 +264,7 @@ func (sc *Scope) open(ctx context.Context, id string, spec SessionSpec, again *S
 // container.
 func (sc *Scope) Prepare(spec SessionSpec) {
 	sc.mu.Lock()
-	closed := sc.closed
+	closed := sc.closed || sc.pinned != ""
 	if !closed {
 		sc.sessions[spec.ID] = &spec
 		delete(sc.ended, spec.ID)
@@ -269,6 +280,12 @@ func (sc *Scope) Prepare(spec SessionSpec) {
 // so that a shared terminal runs where the agent works; with none, a
 // session of the scope's own, which no peer can name, in its workspace.
 func (sc *Scope) SessionFor(ctx context.Context, dir string) (*Session, error) {
+	if p := sc.pinnedID(); p != "" {
+		if err := sc.CheckDir("cwd", dir); err != nil {
+			return nil, err
+		}
+		return sc.Session(ctx, p)
+	}
 	sc.mu.Lock()
 	ids := make([]string, 0, len(sc.sessions))
 	for id := range sc.sessions {
@@ -321,9 +338,17 @@ func (sc *Scope) CloseSession(ctx context.Context, id string) error {
 
 // Detach takes session id from the scope at once and returns what removes
 // its container, for the caller to run when it suits; nil when the scope
-// has no such session. A session opened under the id in between is
-// another one, which remove leaves alone.
+// has no such session, or a pinned one, which only Close removes. A
+// session opened under the id in between is another one, which remove
+// leaves alone.
 func (sc *Scope) Detach(id string) (remove func(context.Context) error) {
+	if sc.pinnedID() != "" {
+		return nil
+	}
+	return sc.detach(id)
+}
+
+func (sc *Scope) detach(id string) (remove func(context.Context) error) {
 	sc.mu.Lock()
 	_, ok := sc.sessions[id]
 	delete(sc.sessions, id)
@@ -388,7 +413,7 @@ func (sc *Scope) Close(ctx context.Context) error {
 	// commands' kill and the engine.
 	removes := make([]func(context.Context) error, 0, len(ids)+1)
 	for _, id := range ids {
-		if remove := sc.Detach(id); remove != nil {
+		if remove := sc.detach(id); remove != nil {
 			removes = append(removes, remove)
 		}
 	}
@@ -404,4 +429,27 @@ func (sc *Scope) Close(ctx context.Context) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// Pin opens the scope's one session with spec, as Open does: every
+// session id of the scope names it from then on, a command of any id runs
+// in its container, and no other container is opened (wrap --contain,
+// whose agent and every command share one container). A scope is pinned
+// once.
+func (sc *Scope) Pin(ctx context.Context, spec SessionSpec) (*Session, error) {
+	sc.mu.Lock()
+	if sc.pinned != "" {
+		sc.mu.Unlock()
+		return nil, fmt.Errorf("pin session %s: the scope has its session %s already", spec.ID, sc.pinned)
+	}
+	sc.pinned = spec.ID
+	sc.mu.Unlock()
+	return sc.Open(ctx, spec)
+}
+
+// pinnedID is the pinned session's id, or "".
+func (sc *Scope) pinnedID() string {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	return sc.pinned
 }

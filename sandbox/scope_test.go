@@ -109,3 +109,44 @@ func TestClosedTerminalsOpenNothing(t *testing.T) {
 		t.Errorf("sessions after Close: %v, want none", sc.sessions)
 	}
 }
+
+// TestPinnedScopeHasOneSession: every session id of a pinned scope names
+// its one session, none opens another container, and the editor's end of
+// a session leaves it; the scope's Close removes it.
+func TestPinnedScopeHasOneSession(t *testing.T) {
+	_, m := newTestManager(t)
+	ws := t.TempDir()
+	sc := m.NewScope("test", ws, SessionSpec{})
+	pinned, err := sc.Pin(context.Background(), SessionSpec{ID: "contain", Dir: ws})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sc.Pin(context.Background(), SessionSpec{ID: "again", Dir: ws}); err == nil {
+		t.Error("a scope was pinned twice")
+	}
+	for _, id := range []string{"a", "b", "contain"} {
+		s, err := sc.SessionForCommand(context.Background(), id, "")
+		if err != nil || s != pinned {
+			t.Errorf("SessionForCommand(%q) = %v, %v; want the pinned session", id, s, err)
+		}
+		if s, err := sc.Session(context.Background(), id); err != nil || s != pinned {
+			t.Errorf("Session(%q) = %v, %v; want the pinned session", id, s, err)
+		}
+	}
+	if s, err := sc.SessionFor(context.Background(), ws); err != nil || s != pinned {
+		t.Errorf("SessionFor = %v, %v; want the pinned session", s, err)
+	}
+	sc.Prepare(SessionSpec{ID: "other", Workspace: ws})
+	if remove := sc.End("contain"); remove != nil {
+		t.Error("the editor's end of a session would remove the pinned one")
+	}
+	if n := m.Sessions(); n != 1 {
+		t.Errorf("%d sessions, want the pinned one alone", n)
+	}
+	if err := sc.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := m.Sessions(); n != 0 {
+		t.Errorf("%d sessions after Close", n)
+	}
+}

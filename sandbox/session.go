@@ -51,6 +51,8 @@ type Session struct {
 
 	closeOnce sync.Once
 	closeErr  error
+	// reclaiming is the reclaim under way (guarded by mu).
+	reclaiming *killing
 
 	// lendMu orders the pids limit's changes; lenders counts the kills
 	// that borrow pids now: the limit goes back when the last is done,
@@ -213,7 +215,7 @@ func (s *Session) Close(ctx context.Context) error {
 		ran := s.ran
 		s.mu.Unlock()
 		if made := s.gitMade(); ran && len(made) > 0 {
-			s.m.log.Warn("git metadata appeared in the session's directories while it ran, with no read-only mount over it: commands may have set hooks or config there; look at them before you run git in it on the host",
+			s.m.log.Warn("git metadata appeared in the session's directories while it ran, with no read-only mount over it: commands may have set hooks or config there; treat it as untrusted: host git there may run what they wrote",
 				"session", s.ID, "paths", made)
 		}
 		for _, t := range terms {
@@ -235,10 +237,9 @@ func (s *Session) removeContainer() error {
 	if id == "" {
 		return nil
 	}
-	// A caller's cancelled context must not leave the container behind.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.m.ctx), 30*time.Second)
-	defer cancel()
-	if err := engine.RemoveContainer(ctx, s.m.cli, id); err != nil && !engine.IsNotFound(err) {
+	// A caller's cancelled context must not leave the container behind;
+	// the removal's calls have deadlines of their own.
+	if err := engine.RemoveContainer(context.WithoutCancel(s.m.ctx), s.m.cli, id); err != nil && !engine.IsNotFound(err) {
 		return fmt.Errorf("close session %s: remove container %.12s: %w", s.ID, id, err)
 	}
 	return nil

@@ -50,9 +50,33 @@ func (m *Manager) KeepSpare(spec SessionSpec) {
 	m.refillSpare()
 }
 
-// refillSpare starts a new spare in the background. m.mu must be held.
+// spareRoomLocked reports whether a spare fits the memory budget beside the
+// sessions. m.mu must be held.
+func (m *Manager) spareRoomLocked() bool {
+	if m.memoryBudget == 0 || m.spareSpec == nil {
+		return true
+	}
+	committed, _ := m.committedLocked()
+	return committed+m.memoryOf(*m.spareSpec) <= m.memoryBudget
+}
+
+// makeRoomLocked removes the spare when it no longer fits the memory
+// budget beside the sessions: it is there for the sessions to come, which
+// need its room more. m.mu must be held.
+func (m *Manager) makeRoomLocked() {
+	s := m.spare
+	if s == nil || m.spareRoomLocked() {
+		return
+	}
+	m.spare = nil
+	m.log.Info("spare container removed to make room in the memory budget", "container", s.contID[:12])
+	m.wg.Go(func() { m.discard(s) })
+}
+
+// refillSpare starts a new spare in the background, when it fits the
+// memory budget. m.mu must be held.
 func (m *Manager) refillSpare() {
-	if m.spareSpec == nil || m.closed || m.spare != nil || m.spareStarting || m.spareHopeless {
+	if m.spareSpec == nil || m.closed || m.spare != nil || m.spareStarting || m.spareHopeless || !m.spareRoomLocked() {
 		return
 	}
 	m.spareStarting = true
@@ -70,7 +94,8 @@ func (m *Manager) refillSpare() {
 		m.mu.Lock()
 		m.spareStarting = false
 		m.spareHopeless = errors.Is(err, ErrInvalid)
-		keep := err == nil && !m.closed && m.spare == nil
+		// The sessions opened meanwhile may have taken its room.
+		keep := err == nil && !m.closed && m.spare == nil && m.spareRoomLocked()
 		if keep {
 			m.spare = s
 		}

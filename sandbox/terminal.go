@@ -47,10 +47,16 @@ type Terminal struct {
 
 	mu   sync.Mutex
 	sent uint64 // bit n set once sandboxd sent signal n
-	// signalled is what the last signal reached, as pid:start-time pairs
-	// (signalMarked).
+	// signalled is what the last signal reached, as sessions and
+	// pid:start-time pairs (signalMarked).
 	signalled string
-	kill      *killing // the kill in progress or done, nil after one failed
+	// top is the session the command's first process leads, as
+	// "%SID:start ", once its shell said (mergeStderr); topSaid is closed
+	// once it said, or will not.
+	top     string
+	topSaid chan struct{}
+	topOnce sync.Once
+	kill    *killing // the kill in progress or done, nil after one failed
 	// closed is set once the connection is closed, or is to be as soon
 	// as start has it.
 	closed bool
@@ -89,7 +95,7 @@ func (s *Session) Start(ctx context.Context, c Command) (*Terminal, error) {
 		s.m.releaseOutput(limit)
 		return nil, fmt.Errorf("session %s: %w: %d terminals are open (terminal.max_terminals); release some", s.ID, ErrLimit, max)
 	}
-	t := &Terminal{ID: id, session: s, cmd: c, out: NewOutputBuffer(limit), done: make(chan struct{}), reserved: limit}
+	t := &Terminal{ID: id, session: s, cmd: c, out: NewOutputBuffer(limit), done: make(chan struct{}), topSaid: make(chan struct{}), reserved: limit}
 	t.holds.Store(2) // its place in the session, and its command
 	// Reserve the slot so concurrent creates respect the maximum.
 	s.terminals[id] = t
@@ -141,6 +147,11 @@ func (t *Terminal) start(ctx context.Context, cwd string) error {
 	// through.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
+	// A create that the engine does not answer may be held by an exec
+	// whose start a command stopped: sandboxd frees the engine, and the
+	// create goes on.
+	watch := time.AfterFunc(startWatch, func() { s.unwedge("create terminal " + t.ID) })
+	defer watch.Stop()
 	env := make([]string, 0, len(t.cmd.Env)+1)
 	for _, e := range t.cmd.Env {
 		env = append(env, e.Name+"="+e.Value)
@@ -274,7 +285,16 @@ func (t *Terminal) collect() {
 		_, err = io.Copy(tee(t.out, t.cmd.Stdout), src)
 	} else {
 		// One buffer for both streams keeps their arrival order.
-		_, err = stdcopy.StdCopy(tee(t.out, t.cmd.Stdout), tee(t.out, t.cmd.Stderr), t.conn.Reader)
+		stderr := tee(t.out, t.cmd.Stderr)
+		var start *startLine
+		if t.cmd.merged() {
+			start = &startLine{t: t, w: stderr}
+			stderr = start
+		}
+		_, err = stdcopy.StdCopy(tee(t.out, t.cmd.Stdout), stderr, t.conn.Reader)
+		if start != nil {
+			start.flush()
+		}
 	}
 	s := t.session
 	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrClosedPipe) {

@@ -164,7 +164,7 @@ func (c *common) setup(ctx context.Context, stderr io.Writer, log *slog.Logger, 
 		private = append(private, string(c.config))
 	}
 	if dir, err := images.CacheDir(); err == nil {
-		private = append(private, dir)
+		private = append(private, dir, forwarderCache(dir))
 	}
 	cfg.Private = private
 	if check != nil {
@@ -180,6 +180,7 @@ func (c *common) setup(ctx context.Context, stderr io.Writer, log *slog.Logger, 
 	if err != nil {
 		return nil, err
 	}
+	m.GCInBackground()
 	if image == "" {
 		image = cfg.Session.Image
 	}

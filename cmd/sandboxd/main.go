@@ -18,7 +18,7 @@ import (
 const usage = `sandboxd runs AI agents' shell commands in hardened per-session containers.
 
 Usage:
-  sandboxd wrap [--config FILE] [--cpus N] [--memory SIZE] [--pids N] [--network NAME] [--image REF] [--agent-grace D] [--ahp-listen ADDR] [flags] -- AGENT [ARGS...]
+  sandboxd wrap [--config FILE] [--cpus N] [--memory SIZE] [--pids N] [--network NAME] [--image REF] [--agent-grace D] [--ahp-listen ADDR] [--contain [--allow-host H[:P]] [--env NAME] [-v SRC:DST[:ro|rw]]] [--audit FILE] [flags] -- AGENT [ARGS...]
   sandboxd serve [--listen stdio|unix:PATH] [--config FILE] [--ahp-listen ADDR] [flags]
   sandboxd run [-i] [-t] [-e NAME=VALUE] [-w DIR] [-v SRC:DST[:ro|rw]] [--read-only] [--cpus N] [--memory SIZE] [--pids N] [--network NAME] [--image REF] [--config FILE] [flags] -- CMD [ARGS...]
   sandboxd image build [--ref REF]

@@ -62,6 +62,13 @@ func cmdRun(ctx context.Context, args []string, stdin io.Reader, stdout, stderr 
 		return 0, err
 	}
 	defer closeManager(m, log)
+	// Known once the engine is: its host's memory, and the budget made of
+	// it. (The configured default was checked as the manager started.)
+	if spec.Limits.Memory != 0 {
+		if err := m.CheckMemory(spec.Limits.Memory); err != nil {
+			return 0, overrideError(err)
+		}
+	}
 	opts, restore := f.terminal(ctx, &cmd, in, stdin, stdout)
 	defer restore()
 	var closeInput func() error

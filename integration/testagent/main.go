@@ -13,6 +13,18 @@
 //	garbage       writes a line that is not JSON to stdout, then says "ok"
 //	permission    asks for permission and reports the chosen option
 //	read PATH     reads a file through the client and reports it
+//	exec LINE     runs LINE itself (sh -c, os/exec) in the session's cwd,
+//	              as agents with a shell tool of their own do, shows it as
+//	              a tool call of kind execute with its output as text,
+//	              and reports "exit=... output=..."
+//	get URL       GETs URL through the proxy HTTP_PROXY names (also for
+//	              localhost), reporting "status=... body=..."
+//	dial ADDR     opens a TCP connection to ADDR itself, bypassing any
+//	              proxy, and reports "dial: ok" or the error
+//	lookup NAME   looks NAME up itself and reports the addresses or the
+//	              error
+//	download HOST:PORT  reads all a server sends through a CONNECT of the
+//	              proxy HTTPS_PROXY names, reporting "bytes=... ns=..."
 //
 // Anything else is echoed back. With TESTAGENT_TRANSCRIPT=PREFIX set, it
 // records the bytes it reads in PREFIX.in and those it writes in
@@ -145,6 +157,16 @@ func (a *agent) Prompt(ctx context.Context, p acp.PromptRequest) (acp.PromptResp
 		}
 	case "ask":
 		reply, err = a.ask(ctx, p.SessionId, cwd, arg)
+	case "exec":
+		reply, err = a.runItself(ctx, p.SessionId, cwd, arg)
+	case "get":
+		reply = get(ctx, arg)
+	case "dial":
+		reply = dial(arg)
+	case "lookup":
+		reply = lookup(ctx, arg)
+	case "download":
+		reply = download(arg)
 	case "read":
 		var res acp.ReadTextFileResponse
 		res, err = a.conn.ReadTextFile(ctx, acp.ReadTextFileRequest{SessionId: p.SessionId, Path: arg})

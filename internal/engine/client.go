@@ -30,6 +30,7 @@ type API interface {
 	ContainerInspect(ctx context.Context, containerID string, options ContainerInspectOptions) (ContainerInspectResult, error)
 	ContainerLogs(ctx context.Context, containerID string, options ContainerLogsOptions) (ContainerLogsResult, error)
 	ContainerUpdate(ctx context.Context, containerID string, options ContainerUpdateOptions) (ContainerUpdateResult, error)
+	ContainerKill(ctx context.Context, containerID string, options ContainerKillOptions) (ContainerKillResult, error)
 	ContainerRemove(ctx context.Context, containerID string, options ContainerRemoveOptions) (ContainerRemoveResult, error)
 	ContainerList(ctx context.Context, options ContainerListOptions) (ContainerListResult, error)
 
@@ -61,6 +62,8 @@ type (
 	ContainerLogsResult     = client.ContainerLogsResult
 	ContainerUpdateOptions  = client.ContainerUpdateOptions
 	ContainerUpdateResult   = client.ContainerUpdateResult
+	ContainerKillOptions    = client.ContainerKillOptions
+	ContainerKillResult     = client.ContainerKillResult
 	ContainerRemoveOptions  = client.ContainerRemoveOptions
 	ContainerRemoveResult   = client.ContainerRemoveResult
 	ContainerListOptions    = client.ContainerListOptions

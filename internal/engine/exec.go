@@ -55,18 +55,29 @@ func (b *cappedBuffer) Write(p []byte) (int, error) {
 	return b.Buffer.Write(p)
 }
 
+// inspectTimeout bounds one inspect of an exec. The engine answers in
+// milliseconds, but not while the exec's start hangs: it holds the exec's
+// lock until the start ends (see RemoveContainer).
+const inspectTimeout = 10 * time.Second
+
 // WaitExec waits until exec execID is no longer running and returns its
 // exit code. It polls: the exec's stream ends first, and the engine
-// records the exit a moment later (ExitCode reads 0 until then).
+// records the exit a moment later (ExitCode reads 0 until then). An
+// inspect that does not answer in time is made again, until ctx ends.
 func WaitExec(ctx context.Context, api API, execID string) (int, error) {
 	delay := 500 * time.Microsecond
 	start := time.Now()
 	for {
-		r, err := api.ExecInspect(ctx, execID, ExecInspectOptions{})
-		if err != nil {
+		ictx, cancel := context.WithTimeout(ctx, inspectTimeout)
+		r, err := api.ExecInspect(ictx, execID, ExecInspectOptions{})
+		late := ictx.Err() != nil && ctx.Err() == nil
+		cancel()
+		switch {
+		case late:
+			continue
+		case err != nil:
 			return 0, err
-		}
-		if !r.Running {
+		case !r.Running:
 			return r.ExitCode, nil
 		}
 		select {
