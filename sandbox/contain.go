@@ -100,7 +100,7 @@ func (a *Agent) Stop(ctx context.Context, grace time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), grace+time.Minute)
 	defer cancel()
 	if grace > 0 {
-		if err := t.signalAll(ctx, syscall.SIGTERM, false); err != nil {
+		if err := t.signalAll(ctx, syscall.SIGTERM); err != nil {
 			return fmt.Errorf("stop agent %s: %w", t.ID, err)
 		}
 		select {
@@ -110,7 +110,7 @@ func (a *Agent) Stop(ctx context.Context, grace time.Duration) error {
 	}
 	// Also when it exited on the SIGTERM: what it started must not run
 	// on.
-	if err := t.signalAll(ctx, syscall.SIGKILL, grace > 0); err != nil {
+	if err := t.signalAll(ctx, syscall.SIGKILL); err != nil {
 		return fmt.Errorf("stop agent %s: %w", t.ID, err)
 	}
 	select {

@@ -73,7 +73,7 @@ func (t *Terminal) killOnce(ctx context.Context) error {
 		if t.cmd.TTY {
 			stop = syscall.SIGHUP
 		}
-		if err := t.signalAll(kctx, stop, false); err != nil {
+		if err := t.signalAll(kctx, stop); err != nil {
 			return fmt.Errorf("kill terminal %s: %w", t.ID, err)
 		}
 		select {
@@ -83,7 +83,7 @@ func (t *Terminal) killOnce(ctx context.Context) error {
 	}
 	// Always finish with SIGKILL: children forked while SIGTERM was on its
 	// way, or that ignore it, would otherwise outlive the command.
-	if err := t.signalAll(kctx, syscall.SIGKILL, false); err != nil {
+	if err := t.signalAll(kctx, syscall.SIGKILL); err != nil {
 		return fmt.Errorf("kill terminal %s: %w", t.ID, err)
 	}
 	select {
@@ -99,10 +99,8 @@ func (t *Terminal) killOnce(ctx context.Context) error {
 // were in, so that one which removed the marker and whose parent then
 // died of the first signal still gets the second. When the kill script
 // fails (a command stopped it, or runc's init of its exec), the session's
-// commands are ended from outside the container (reclaim). The last
-// argument means nothing any more (it said whether the known processes
-// were this kill's own, which sessions made moot): callers are to drop it.
-func (t *Terminal) signalAll(ctx context.Context, sig syscall.Signal, _ bool) error {
+// commands are ended from outside the container (reclaim).
+func (t *Terminal) signalAll(ctx context.Context, sig syscall.Signal) error {
 	t.markSent(sig)
 	if t.cmd.merged() {
 		// A kill right after the start: the shell in front of the

@@ -95,9 +95,6 @@ func NewManager(ctx context.Context, cli engine.API, cfg Config, log *slog.Logge
 	if err != nil {
 		return nil, err
 	}
-	if _, err := GC(ctx, cli, log, GCOptions{Keep: in.ID}); err != nil {
-		log.Warn("gc at start", "err", err)
-	}
 	cfg.requests = NewMemoryPool(MaxRequestMemory)
 	mctx, cancel := context.WithCancel(context.Background())
 	m := &Manager{
@@ -127,7 +124,7 @@ func NewManager(ctx context.Context, cli engine.API, cfg Config, log *slog.Logge
 		m.log.Warn("the engine reports no memory size: the memory limits of the sessions are not bounded together; set server.memory_budget as a size", "memory_budget", cfg.Server.MemoryBudget)
 	}
 	if cfg.Session.Init && !m.reaper {
-		m.log.Warn("the engine's init is not tini: commands run without a reaper of their own, so a process that removes "+MarkerEnv+" from its environment can outlive its kill", "init", info.Info.InitBinary)
+		m.log.Warn("the engine's init is not tini: commands whose output streams stay apart (sandboxd run) run without a reaper of their own, so a process of theirs that removes "+MarkerEnv+" from its environment and leaves its session can outlive its kill", "init", info.Info.InitBinary)
 	}
 	if d := time.Duration(cfg.Server.IdleTimeout); d > 0 {
 		m.wg.Add(1)
