@@ -435,14 +435,17 @@ func (p *Proxy) fromAgent() error {
 		// without their output.
 		watching = watching || len(p.endedWatches) > 0 && containsAny(body, "tool_call", "toolCall")
 		p.mu.Unlock()
-		if !pending && !watching && !mayNeedProxy(body) {
+		// A contained agent is told of no fs capability (see
+		// rewriteInitialize); one that asks all the same is refused.
+		fsCall := p.contained && containsAny(body, `fs/`)
+		if !pending && !watching && !fsCall && !mayNeedProxy(body) {
 			if err := p.editor.writeRaw(line); err != nil {
 				return ErrEditorClosed
 			}
 			continue
 		}
 		m, err := decodeStrict(body)
-		if err != nil && !mayNeedProxy(body) {
+		if err != nil && !fsCall && !mayNeedProxy(body) {
 			// Looked into only for a session call of the editor's that
 			// waits for its answer: a line that cannot be a terminal
 			// request goes on as it would with none waiting.
@@ -473,6 +476,11 @@ func (p *Proxy) fromAgent() error {
 				p.terminalNotified(m)
 			} else {
 				p.log.Warn("dropped a terminal notification from the agent", "method", m.Method)
+			}
+			continue
+		case p.contained && strings.HasPrefix(m.Method, "fs/"):
+			if m.isRequest() {
+				p.replyToAgentLater(m, nil, &jsonrpc2.Error{Code: jsonrpc.MethodNotFound, Message: fmt.Sprintf("method not found: %.100s: a contained agent's files are its container's", m.Method)})
 			}
 			continue
 		case m.Method == MethodCancel && p.cancelAgentCall(m):

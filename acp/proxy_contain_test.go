@@ -73,3 +73,47 @@ func TestProxyWarnsOfAnAgentThatRunsCommandsItself(t *testing.T) {
 		}
 	}
 }
+
+// TestContainedAgentHasNoEditorFiles: a contained agent is told of no fs
+// capability, and its fs/* requests are refused, not passed to the editor
+// (which would read and write on the host); an agent on the host is told
+// of the editor's fs as it is.
+func TestContainedAgentHasNoEditorFiles(t *testing.T) {
+	init := `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1,"clientCapabilities":{"FS":{"readTextFile":true},"fs":{"writeTextFile":true},"terminal":false}}}` + "\n"
+	for _, contained := range []bool{false, true} {
+		pp := startProxy(t)
+		pp.p.contained = contained
+		send(t, pp.toProxyFromEditor, init)
+		got := recv(t, pp.agent)
+		if hasFS := strings.Contains(strings.ToLower(got), `"fs"`); hasFS == contained {
+			t.Errorf("contained=%v: the agent got %s", contained, got)
+		}
+		if !strings.Contains(got, `"terminal":true`) {
+			t.Errorf("contained=%v: no terminal capability in %s", contained, got)
+		}
+		if !contained {
+			continue
+		}
+		for _, req := range []string{
+			`{"jsonrpc":"2.0","id":3,"method":"fs/write_text_file","params":{"sessionId":"s","path":"/home/u/.bashrc","content":"x"}}`,
+			`{"jsonrpc":"2.0","id":4,"method":"f\u0073/read_text_file","params":{"sessionId":"s","path":"/etc/passwd"}}`,
+		} {
+			send(t, pp.toProxyFromAgent, req+"\n")
+			var reply struct {
+				Error struct {
+					Code int `json:"code"`
+				} `json:"error"`
+			}
+			if line := recv(t, pp.agent); json.Unmarshal([]byte(line), &reply) != nil || reply.Error.Code != jsonrpc.MethodNotFound {
+				t.Errorf("%s answered %q, want method not found", req, line)
+			}
+		}
+		// The editor got nothing of them: the next line it reads is the
+		// agent's next message.
+		next := `{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"s","update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":"hi"}}}}` + "\n"
+		send(t, pp.toProxyFromAgent, next)
+		if got := recv(t, pp.editor); got != next {
+			t.Errorf("the editor got %q, want %q", got, next)
+		}
+	}
+}

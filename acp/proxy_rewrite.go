@@ -39,8 +39,10 @@ type embeddedTerminal struct {
 }
 
 // rewriteInitialize tells the agent the client supports terminals, and
-// remembers whether the editor renders terminal _meta. Every other field
-// stays as the editor wrote it. It returns nil when it cannot rewrite.
+// remembers whether the editor renders terminal _meta; a contained agent
+// is told of no fs capability, so that it reads and writes files in its
+// container, not through the editor on the host. Every other field stays
+// as the editor wrote it. It returns nil when it cannot rewrite.
 func (p *Proxy) rewriteInitialize(line []byte) []byte {
 	params, ok := memberValue(line, "params")
 	if !ok || !isObject(params) {
@@ -63,6 +65,11 @@ func (p *Proxy) rewriteInitialize(line []byte) []byte {
 		var err error
 		if caps, err = setMember(given, "terminal", []byte("true"), true); err != nil {
 			return nil
+		}
+		if p.contained {
+			if caps, err = deleteMember(caps, "fs", true); err != nil {
+				return nil
+			}
 		}
 	}
 	// In every spelling an agent's parser may take for these members.

@@ -117,6 +117,12 @@ const MaxArgLen = 128 << 10
 // longer than MaxArgLen; and bytes that are not UTF-8, which cannot cross
 // the engine's API. field names v in the error.
 func CheckString(field, v string) error {
+	return checkString(field, v, fmt.Sprintf("%.200q", v))
+}
+
+// checkString is CheckString naming v as shown, which can keep a secret
+// out of the error.
+func checkString(field, v, shown string) error {
 	if strings.IndexByte(v, 0) >= 0 {
 		return fmt.Errorf("%w: %s: contains a NUL byte", ErrInvalid, field)
 	}
@@ -126,7 +132,7 @@ func CheckString(field, v string) error {
 	if !utf8.ValidString(v) {
 		// The engine's API carries it as a JSON string, in which such
 		// bytes become U+FFFD: `rm $'caf\xe9'` would name another file.
-		return fmt.Errorf("%w: %s: %.200q holds bytes that are not UTF-8, which the engine's API cannot carry", ErrInvalid, field, v)
+		return fmt.Errorf("%w: %s: %s holds bytes that are not UTF-8, which the engine's API cannot carry", ErrInvalid, field, shown)
 	}
 	return nil
 }
@@ -162,7 +168,12 @@ func CheckEnvVar(field string, e EnvVar) error {
 	case e.Name == MarkerEnv:
 		return fmt.Errorf("%w: %s.name: %s is reserved by sandboxd", ErrInvalid, field, MarkerEnv)
 	}
-	return CheckString(field, e.Name+"="+e.Value)
+	// The value is named, never shown: it is a secret as often as not.
+	shown := fmt.Sprintf("the value of %.200q", e.Name)
+	if !utf8.ValidString(e.Name) {
+		shown = fmt.Sprintf("the name %.200q", e.Name)
+	}
+	return checkString(field, e.Name+"="+e.Value, shown)
 }
 
 // Check refuses a command that cannot run as given, whatever the session:

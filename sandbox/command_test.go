@@ -24,9 +24,13 @@ func TestCommandCheck(t *testing.T) {
 		{"an option for a command", Command{Command: "-x"}, "starts with '-'"},
 		{"a NUL in an argument", Command{Command: "ls", Args: []string{"a\x00b"}}, "args[0]: contains a NUL byte"},
 		{"a cwd not UTF-8", Command{Command: "ls", Cwd: "/w/caf\xe9"}, "cwd: \"/w/caf\\xe9\" holds bytes that are not UTF-8"},
-		{"an environment name not UTF-8", Command{Command: "ls", Env: []EnvVar{{Name: "A\xff", Value: "1"}}}, "env[0]"},
+		{"an environment name not UTF-8", Command{Command: "ls", Env: []EnvVar{{Name: "A\xff", Value: "1"}}}, "env[0]: the name \"A\\xff\" holds bytes"},
+		{"an environment value not UTF-8", Command{Command: "ls", Env: []EnvVar{{Name: "FOO", Value: "\xffTOPSECRET"}}}, "env[0]: the value of \"FOO\" holds bytes that are not UTF-8"},
 	} {
 		err := tc.cmd.Check()
+		if err != nil && strings.Contains(err.Error(), "SECRET") {
+			t.Errorf("%s: %v shows the environment value", tc.name, err)
+		}
 		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
 			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
 		}

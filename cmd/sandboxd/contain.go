@@ -84,7 +84,8 @@ func (f *containFlags) check(wd string) (*containment, error) {
 }
 
 // openAudit opens the audit log that --audit, or else the configuration,
-// names; nil for none.
+// names; nil for none. A file in the workspace or a grant is refused: a
+// command could replace it, or a directory on its way, with a link.
 func (c *containment) openAudit(flag string, cfg sandbox.Config) error {
 	file := flag
 	if file == "" {
@@ -92,6 +93,34 @@ func (c *containment) openAudit(flag string, cfg sandbox.Config) error {
 	}
 	if file == "" {
 		return nil
+	}
+	abs, err := filepath.Abs(file)
+	if err != nil {
+		return fmt.Errorf("audit log: %w", err)
+	}
+	var roots []string
+	if !cfg.FallbackWorkspace {
+		// Else sessions name their own workspaces, which cannot be
+		// known yet.
+		ws, err := cfg.ServedWorkspace()
+		if err != nil {
+			return err
+		}
+		roots = append(roots, ws)
+	}
+	for _, mt := range cfg.Session.Mounts {
+		roots = append(roots, mt.Source)
+	}
+	for _, root := range roots {
+		real, err := filepath.EvalSymlinks(root)
+		if err != nil {
+			real = root
+		}
+		for _, r := range []string{root, real} {
+			if sandbox.Within(filepath.Clean(r), abs) {
+				return usageError{fmt.Errorf("audit log %.200q lies in %.200q, which commands can write: name a file outside the workspace and the grants", file, r)}
+			}
+		}
 	}
 	l, err := audit.Open(file)
 	if err != nil {
@@ -176,7 +205,7 @@ func (c *containment) serveEgress(ctx context.Context, l net.Listener, session s
 	p := &egress.Proxy{Allow: allow, Log: log.With("session", session), Report: func(ev egress.Event) {
 		sent, received := ev.Sent, ev.Received
 		a := audit.Event{Event: audit.Egress, Session: session, Method: ev.Method, Host: ev.Host, Port: ev.Port,
-			Allowed: &ev.Allowed, Reason: ev.Reason, BytesSent: &sent, BytesReceived: &received}
+			Allowed: &ev.Allowed, Reason: ev.Reason, BytesSent: &sent, BytesReceived: &received, LeftOut: ev.LeftOut}
 		a.Duration(ev.Duration)
 		c.audit.Write(a)
 	}}

@@ -46,6 +46,9 @@ type Event struct {
 	// BytesSent and BytesReceived are to and from the destination.
 	BytesSent     *int64 `json:"bytes_sent,omitempty"`
 	BytesReceived *int64 `json:"bytes_received,omitempty"`
+	// LeftOut counts the egress refusals not logged before this event,
+	// which keeps a flood of them down.
+	LeftOut int `json:"left_out,omitempty"`
 }
 
 // Duration sets DurationMS to d.
@@ -62,10 +65,10 @@ type Log struct {
 }
 
 // Open opens (creating it, mode 0600) the log file to append to: a
-// regular file, never through a link, and without waiting for a reader
-// should it be a FIFO.
+// regular file, by a path with no symbolic link in any component, and
+// without waiting for a reader should it be a FIFO.
 func Open(path string) (*Log, error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0o600)
+	f, err := openNoLinks(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND|syscall.O_NONBLOCK, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("audit log: %w", err)
 	}

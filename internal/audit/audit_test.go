@@ -93,3 +93,29 @@ func TestOpenRefusesLinksAndNonFiles(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestOpenRefusesLinksOnTheWay: a link in a directory of the path is
+// refused as one in its last component is, and nothing is created where
+// it leads; a path without one opens, relative too.
+func TestOpenRefusesLinksOnTheWay(t *testing.T) {
+	dir := t.TempDir()
+	real := filepath.Join(dir, "real")
+	os.Mkdir(real, 0o700)
+	os.Symlink(real, filepath.Join(dir, "planted"))
+	if l, err := Open(filepath.Join(dir, "planted", "audit.jsonl")); err == nil || !strings.Contains(err.Error(), "symbolic link") {
+		l.Close()
+		t.Errorf("Open through a linked directory: %v, want a refusal", err)
+	}
+	if _, err := os.Lstat(filepath.Join(real, "audit.jsonl")); err == nil {
+		t.Error("the file was created where the link leads")
+	}
+	t.Chdir(real)
+	l, err := Open("audit.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	if _, err := os.Lstat(filepath.Join(real, "audit.jsonl")); err != nil {
+		t.Errorf("a relative path: %v", err)
+	}
+}

@@ -54,8 +54,10 @@ func (l *listener) Addr() net.Addr { return l.l.Addr() }
 
 // acceptLoop accepts until the socket fails or is closed, each connection
 // handed on (handoff) by a goroutine of its own: a client slow to send its
-// first byte holds up no other.
+// first byte holds up no other. A temporary failure (out of descriptors,
+// a connection aborted) is waited out, longer each time in a row.
 func (l *listener) acceptLoop() {
+	var backoff time.Duration
 	for {
 		select {
 		case l.slots <- struct{}{}:
@@ -65,9 +67,21 @@ func (l *listener) acceptLoop() {
 		c, err := l.l.Accept()
 		if err != nil {
 			<-l.slots
-			l.errc <- err
-			return
+			if !temporary(err) {
+				l.errc <- err
+				return
+			}
+			backoff = min(max(2*backoff, minAcceptBackoff), maxAcceptBackoff)
+			t := time.NewTimer(backoff)
+			select {
+			case <-t.C:
+			case <-l.done:
+				t.Stop()
+				return
+			}
+			continue
 		}
+		backoff = 0
 		l.wg.Go(func() {
 			hc, err := handoff(c)
 			if err != nil {
@@ -83,6 +97,24 @@ func (l *listener) acceptLoop() {
 			}
 		})
 	}
+}
+
+// Bounds of the wait after a temporary Accept failure.
+const (
+	minAcceptBackoff = 5 * time.Millisecond
+	maxAcceptBackoff = time.Second
+)
+
+// temporary reports whether an Accept failure may pass: the process or
+// the system out of descriptors or memory, a connection that went away
+// before it was accepted, an interrupted call.
+func temporary(err error) bool {
+	for _, e := range []error{unix.EMFILE, unix.ENFILE, unix.ENOBUFS, unix.ENOMEM, unix.ECONNABORTED, unix.EINTR, unix.EAGAIN, unix.EPROTO} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // handoff reads the first byte of c, and the connection that came with it:

@@ -10,10 +10,13 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/sandboxd/sandboxd/internal/loglimit"
 )
 
 // Defaults of Proxy's limits.
@@ -42,6 +45,9 @@ type Event struct {
 	// tunnel's, or a request's and its response's bodies.
 	Sent, Received int64
 	Duration       time.Duration
+	// LeftOut counts the refusals not reported before this one, to keep
+	// a flood of them down (see maxReportedRefusals).
+	LeftOut int
 }
 
 // Proxy is the egress proxy of one container. The zero value with an
@@ -50,6 +56,10 @@ type Proxy struct {
 	Allow Allowlist
 	// Resolve looks a host name up; nil is the host's resolver.
 	Resolve func(ctx context.Context, host string) ([]netip.Addr, error)
+	// HostAddrs returns the host's own addresses, which a name is
+	// refused to lead to as internal ones are; nil is the addresses of
+	// the host's interfaces, looked up at each check.
+	HostAddrs func() ([]netip.Addr, error)
 	// Report, when set, is told of each request once it ended.
 	Report func(Event)
 	Log    *slog.Logger
@@ -60,6 +70,10 @@ type Proxy struct {
 	MaxConns    int
 	IdleTimeout time.Duration
 	DialTimeout time.Duration
+
+	// refusedLog and refusedReport bound what refusals log and report.
+	refusedLog    loglimit.Limit
+	refusedReport burst
 }
 
 func (p *Proxy) idle() time.Duration { return orDefault(p.IdleTimeout, defaultIdleTimeout) }
@@ -113,6 +127,7 @@ func (p *Proxy) Serve(ctx context.Context, l net.Listener) error {
 	s.closeTunnels()
 	hl.wg.Wait()
 	s.wg.Wait()
+	p.flushReport()
 	if ctx.Err() != nil || errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}
@@ -175,9 +190,7 @@ func (p *Proxy) check(ctx context.Context, host string, port int) ([]netip.Addr,
 	defer cancel()
 	resolve := p.Resolve
 	if resolve == nil {
-		resolve = func(ctx context.Context, host string) ([]netip.Addr, error) {
-			return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
-		}
+		resolve = lookupRooted
 	}
 	addrs, err := resolve(ctx, host)
 	if err == nil && len(addrs) == 0 {
@@ -188,13 +201,37 @@ func (p *Proxy) check(ctx context.Context, host string, port int) ([]netip.Addr,
 	}
 	for i, a := range addrs {
 		addrs[i] = a.Unmap()
+	}
+	if exact {
+		return addrs, nil
+	}
+	hostAddrs := p.HostAddrs
+	if hostAddrs == nil {
+		hostAddrs = interfaceAddrs
+	}
+	own, err := hostAddrs()
+	if err != nil {
+		return nil, &refusal{http.StatusInternalServerError, oneLine(err)}
+	}
+	for _, a := range addrs {
 		// Any one: a name that also leads inside could be answered
 		// that way at the connection's retry.
-		if !exact && internal(addrs[i]) {
-			return nil, &refusal{http.StatusForbidden, fmt.Sprintf("%s resolves to %s, a loopback, private or link-local address: allowed only when %s is listed exactly", host, addrs[i], dest)}
+		if internal(a) || slices.Contains(own, a) {
+			return nil, &refusal{http.StatusForbidden, fmt.Sprintf("%s resolves to %s, a loopback, private, link-local or the host's own address: allowed only when %s is listed exactly", host, a, dest)}
 		}
 	}
 	return addrs, nil
+}
+
+// lookupRooted looks host up with the host's resolver as the whole name it
+// is: rooted, so that no search domain of resolv.conf is tried after it.
+// A name of one label is looked up as it is: only an exact entry allows
+// one, and Go's resolver finds such a name in /etc/hosts only unrooted.
+func lookupRooted(ctx context.Context, host string) ([]netip.Addr, error) {
+	if strings.Contains(host, ".") {
+		host += "."
+	}
+	return net.DefaultResolver.LookupNetIP(ctx, "ip", host)
 }
 
 // dial connects to the first of addrs that answers on port.
@@ -229,18 +266,6 @@ func refuse(w http.ResponseWriter, r *refusal) {
 	h.Set("Connection", "close")
 	w.WriteHeader(r.code)
 	io.WriteString(w, "sandboxd egress: "+r.reason+"\n")
-}
-
-// report tells Report of a request that ended, and logs it.
-func (p *Proxy) report(ev Event) {
-	if ev.Allowed && ev.Reason == "" {
-		p.log().Debug("egress", "method", ev.Method, "host", ev.Host, "port", ev.Port, "sent", ev.Sent, "received", ev.Received, "duration", ev.Duration)
-	} else {
-		p.log().Info("egress refused or failed", "method", ev.Method, "host", ev.Host, "port", ev.Port, "reason", ev.Reason)
-	}
-	if p.Report != nil {
-		p.Report(ev)
-	}
 }
 
 // enter counts a handler that Serve waits for as it ends; it reports

@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"net/url"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -212,13 +213,13 @@ func TestNameThatLeadsInside(t *testing.T) {
 	addr, port := echoServer(t)
 	dns := &fakeDNS{addrs: map[string][]netip.Addr{
 		"evil.example.com":  {netip.MustParseAddr("127.0.0.1")},
-		"mixed.example.com": {netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("::ffff:127.0.0.1")},
+		"mixed.example.com": {netip.MustParseAddr("93.184.215.14"), netip.MustParseAddr("::ffff:127.0.0.1")},
 		"ok.example.org":    {netip.MustParseAddr("127.0.0.1")},
 	}}
 	s := serve(t, &Proxy{Allow: allow(t, fmt.Sprintf("*.example.com:%d", port), fmt.Sprintf("ok.example.org:%d", port)), Resolve: dns.resolve})
 	for _, host := range []string{"evil.example.com", "mixed.example.com"} {
 		code, body, _ := connect(t, s.sock, fmt.Sprintf("%s:%d", host, port))
-		if code != http.StatusForbidden || !strings.Contains(body, "resolves to 127.0.0.1, a loopback, private or link-local address") {
+		if code != http.StatusForbidden || !strings.Contains(body, "resolves to 127.0.0.1, a loopback, private, link-local or the host's own address") {
 			t.Errorf("CONNECT %s by a wildcard: %d %q", host, code, body)
 		}
 		if ev := s.event(t); ev.Allowed || ev.Host != host {
@@ -246,6 +247,37 @@ func TestNameThatLeadsInside(t *testing.T) {
 	}
 	s.event(t)
 	_ = addr
+}
+
+// A name that resolves to one of the host's own addresses, public or not,
+// is refused unless listed exactly.
+func TestNameThatLeadsToTheHost(t *testing.T) {
+	own := netip.MustParseAddr("93.184.215.14")
+	dns := &fakeDNS{addrs: map[string][]netip.Addr{"me.example.com": {own}}}
+	hostAddrs := func() ([]netip.Addr, error) { return []netip.Addr{netip.MustParseAddr("127.0.0.1"), own}, nil }
+	s := serve(t, &Proxy{Allow: allow(t, "*.example.com:443"), Resolve: dns.resolve, HostAddrs: hostAddrs})
+	code, body, _ := connect(t, s.sock, "me.example.com:443")
+	if code != http.StatusForbidden || !strings.Contains(body, "resolves to 93.184.215.14, a loopback, private, link-local or the host's own address") {
+		t.Errorf("CONNECT to a name of the host's address: %d %q", code, body)
+	}
+	if ev := s.event(t); ev.Allowed {
+		t.Errorf("event %+v", ev)
+	}
+	// The real interface addresses include loopback's.
+	addrs, err := interfaceAddrs()
+	if err != nil || !slices.Contains(addrs, netip.MustParseAddr("127.0.0.1")) {
+		t.Errorf("interfaceAddrs = %v, %v; want 127.0.0.1 among them", addrs, err)
+	}
+}
+
+// A rooted lookup still finds the names of /etc/hosts.
+func TestLookupRooted(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	addrs, err := lookupRooted(ctx, "localhost")
+	if err != nil || len(addrs) == 0 {
+		t.Errorf("lookupRooted(localhost) = %v, %v", addrs, err)
+	}
 }
 
 // proxyClient is an HTTP client whose proxy is the unix socket sock.
