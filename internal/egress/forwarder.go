@@ -114,7 +114,7 @@ func build(ctx context.Context, cacheDir, dir string) error {
 	if err := os.Mkdir(out, 0o700); err != nil {
 		return fmt.Errorf("build forwarder: %w", err)
 	}
-	cmd := exec.CommandContext(ctx, gobin, "build", "-trimpath", "-ldflags=-s -w", "-o", filepath.Join(out, ForwarderName), ".")
+	cmd := exec.CommandContext(ctx, gobin, "build", "-buildvcs=false", "-trimpath", "-ldflags=-s -w", "-o", filepath.Join(out, ForwarderName), ".")
 	cmd.Dir = src
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+runtime.GOARCH, "GOFLAGS=", "GOTOOLCHAIN=local", "GOWORK=off")
 	var stderr bytes.Buffer
