@@ -213,3 +213,89 @@ func TestPlantedRepositoryDoesNotBlockASession(t *testing.T) {
 		})
 	}
 }
+
+// runAsOwner runs `sandboxd run -- sh -c line` in dir as uid 1000, the
+// workspace's owner, in the engine socket's group (the usual docker-group
+// setup), with home as its home: it then has no more rights on the
+// workspace than its commands.
+func runAsOwner(t *testing.T, dir, home, line string) string {
+	t.Helper()
+	sock, err := os.Stat("/var/run/docker.sock")
+	if err != nil || os.Getenv("DOCKER_HOST") != "" {
+		t.Skip("the engine is not at the local socket, which a docker group would give access to")
+	}
+	// The user must reach the binary and the config.
+	bin, config := copyForUser(t, home)
+	cmd := exec.Command(bin, "run", "--config", config, "--", "sh", "-c", line)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "HOME="+home)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 1000, Gid: 1000, Groups: []uint32{sock.Sys().(*syscall.Stat_t).Gid}}}
+	out, _ := cmd.CombinedOutput()
+	assertNoContainers(t, cmd.Process.Pid)
+	return string(out)
+}
+
+// TestPlantedModeDoesNotHideGit: a directory a session's command set to
+// mode 000 (a repository below the session directory, the directory of
+// the hooks path) is kept read-only whole, mode and all, by the next
+// session of sandboxd run as the workspace's owner, who cannot look below
+// it either: a command there cannot set the mode back and plant a hook
+// or core.fsmonitor that host git runs.
+func TestPlantedModeDoesNotHideGit(t *testing.T) {
+	for _, tc := range []struct {
+		name, hide, plant string
+		nested            bool
+	}{
+		{"repository below", "proj", `printf '[core]\n\tfsmonitor = "touch %[1]s; false"\n' >> proj/.git/config`, true},
+		{"hooks path", ".husky", `printf '#!/bin/sh\ntouch %[1]s\n' > .husky/_/post-index-change; chmod +x .husky/_/post-index-change`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newHostRepo(t, "core.hooksPath", ".husky/_")
+			subdir(t, subdir(t, r.dir, ".husky"), "_")
+			ws := r.dir
+			if tc.nested {
+				// The session directory is a folder of projects.
+				ws = workspace(t)
+				proj := filepath.Join(ws, "proj")
+				if err := os.Rename(r.dir, proj); err != nil {
+					t.Fatal(err)
+				}
+				r.dir = proj
+			}
+			if out := runAsOwner(t, ws, r.home, "chmod 000 "+tc.hide+" && echo ran"); !strings.Contains(out, "ran") {
+				t.Fatalf("the first session did not run: %s", out)
+			}
+			out := runAsOwner(t, ws, r.home, "chmod 755 "+tc.hide+"; "+fmt.Sprintf(tc.plant, r.marker())+"; touch "+tc.hide+"/a; echo ran")
+			if !strings.Contains(out, "ran") {
+				t.Fatalf("the second session did not run: %s", out)
+			}
+			if err := os.Chmod(filepath.Join(ws, tc.hide), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			r.assertNotRun(t)
+		})
+	}
+}
+
+// TestPlantedRepositoryDoesNotUseUpTheScan: a repository a command made
+// beside the person's, named to come first, whose config names thousands
+// of paths, uses up only its own bounds: the person's hooks path is still
+// read-only.
+func TestPlantedRepositoryDoesNotUseUpTheScan(t *testing.T) {
+	r := newHostRepo(t, "core.hooksPath", ".husky/_")
+	subdir(t, subdir(t, r.dir, ".husky"), "_")
+	ws := workspace(t)
+	proj := filepath.Join(ws, "proj")
+	if err := os.Rename(r.dir, proj); err != nil {
+		t.Fatal(err)
+	}
+	r.dir = proj
+	aaa := subdir(t, ws, "aaa")
+	subdir(t, aaa, ".git")
+	writeFile(t, filepath.Join(aaa, ".git", "config"), strings.Repeat("[include]\n\tpath = ../x\n", 4100))
+	line := fmt.Sprintf(`printf '#!/bin/sh\ntouch %[1]s\n' > proj/.husky/_/post-index-change; chmod +x proj/.husky/_/post-index-change; echo ran`, r.marker())
+	if out := runIn(t, ws, line); !strings.Contains(out.stdout, "ran") {
+		t.Fatalf("the session did not run: exit %d: %s", out.code, out.output())
+	}
+	r.assertNotRun(t)
+}

@@ -480,3 +480,20 @@ func procStat(pid int) (name string, fields []string, ok bool) {
 	}
 	return string(b[open+1 : end]), strings.Fields(string(b[end+1:])), true
 }
+
+// copyForUser copies sandboxd and the test configuration into dir, for a
+// test that runs sandboxd as another user, and returns their paths.
+func copyForUser(t testing.TB, dir string) (bin, config string) {
+	t.Helper()
+	bin, config = filepath.Join(dir, "sandboxd"), filepath.Join(dir, "sandbox.toml")
+	for src, dst := range map[string]string{testEnv.bin: bin, testEnv.config: config} {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(dst, b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return bin, config
+}

@@ -227,16 +227,7 @@ func TestStopLoopIsKilledByAnotherUser(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	bin, config := filepath.Join(dir, "sandboxd"), filepath.Join(dir, "sandbox.toml")
-	for src, dst := range map[string]string{testEnv.bin: bin, testEnv.config: config} {
-		b, err := os.ReadFile(src)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(dst, b, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	bin, config := copyForUser(t, dir)
 	cmd := exec.Command(bin, "serve", "--config", config, "--log-level", "debug")
 	cmd.Dir = ws
 	cmd.Env = append(os.Environ(), "HOME="+dir)

@@ -30,20 +30,29 @@ type gitFound struct {
 	conf    []gitFile
 	missing []gitTarget
 	notes   []gitNote
+	// blocked are the directories (in conf too) whose mode kept the scan
+	// from looking below them, each with what it was looking for.
+	blocked []gitNote
 }
 
 // files is all that is to be read-only.
 func (f gitFound) files() []gitFile { return append(slices.Clip(f.meta), f.conf...) }
 
-// Bounds on what the config of the session's repositories makes
-// sandboxd look at, all repositories together, however many a command
-// made: the paths kept read-only (each costs a mount, and pins), the
-// paths looked at, and the bytes of config read.
+// Bounds on what the config of one repository makes sandboxd look at:
+// the paths kept read-only (each costs a mount, and pins), the paths
+// looked at, and the bytes of config read. Each repository has its own,
+// so that one a command made cannot use up those of the person's; the
+// number of repositories is bounded (maxNested, maxModuleDirs), and so
+// the total.
 const (
-	maxConfigTargets = 256
-	maxConfigLooks   = 4096
-	configBudget     = 16 << 20
+	maxConfigTargets = 32
+	maxConfigLooks   = 512
+	configBudget     = 2 << 20
 )
+
+// maxBlocked bounds the directories kept read-only whole because the scan
+// could not look below them: each costs a mount.
+const maxBlocked = 256
 
 // statGitMetadata finds the git metadata of the session directories (real)
 // and what their repositories' config makes host git read or run
@@ -79,17 +88,41 @@ func statGitMetadata(real, grants, mountPoints []string) (gitFound, error) {
 	}
 	reach := append(slices.Clip(real), grants...)
 	seen := map[string]bool{}
-	looks, budget := 0, int64(configBudget)
+	// A directory a command set to mode 000 hides a repository below it
+	// (sandboxd, as the workspace's owner, has no more rights than the
+	// command): such a directory of a session directory, or its .git,
+	// is kept read-only whole, its mode too, so that nothing below it can
+	// be reached or changed.
+	for _, r := range real {
+		entries, _ := os.ReadDir(r) // the session's start reports a directory it cannot read
+		probe := []string{r}
+		for _, e := range entries {
+			if e.IsDir() && e.Name() != ".git" {
+				probe = append(probe, filepath.Join(r, e.Name()))
+			}
+		}
+		for _, d := range probe {
+			if slices.ContainsFunc(mountPoints, func(m string) bool { return Within(m, d) || m == filepath.Join(d, ".git") }) {
+				continue
+			}
+			if _, links, err := resolvePath(filepath.Join(d, ".git", "config")); len(links) == 0 {
+				found.block(err, "a repository's git metadata", reach, scan.found, seen)
+			}
+		}
+	}
 	home := homeDirs(owner)
+	// scan.repos has the session directories' own repositories first.
 	for _, repo := range scan.repos {
+		budget := int64(configBudget)
 		targets, notes := configTargets(repo, home, &budget)
 		found.notes = append(found.notes, notes...)
+		if len(targets) > maxConfigLooks {
+			found.notes = append(found.notes, gitNote{repo.gitdir, fmt.Sprintf("the paths its config names: more than the %d paths sandboxd looks at for one repository", maxConfigLooks)})
+			targets = targets[:maxConfigLooks]
+		}
+		placed := 0
 		for _, t := range targets {
-			if looks++; looks > maxConfigLooks {
-				found.notes = append(found.notes, gitNote{repo.gitdir, fmt.Sprintf("the paths its config names, and the config of the repositories after it: more than the %d paths sandboxd looks at", maxConfigLooks)})
-				return found, nil
-			}
-			found.place(t, reach, scan.found, mountPoints, seen)
+			found.place(t, reach, scan.found, mountPoints, seen, &placed)
 		}
 	}
 	return found, nil
@@ -99,10 +132,13 @@ func statGitMetadata(real, grants, mountPoints []string) (gitFound, error) {
 // (in reach, not in the read-only metadata, not at or below one of
 // mountPoints) and is there goes to conf, what is not to missing, what
 // cannot be kept read-only to the notes. seen holds the paths already
-// placed.
-func (found *gitFound) place(t gitTarget, reach, meta, mountPoints []string, seen map[string]bool) {
+// placed; *placed counts those of the repository t is of.
+func (found *gitFound) place(t gitTarget, reach, meta, mountPoints []string, seen map[string]bool, placed *int) {
 	p, links, err := resolvePath(t.path)
 	if err != nil {
+		if len(links) == 0 && found.block(err, "named by "+t.why+", "+t.path, reach, meta, seen) {
+			return
+		}
 		if slices.ContainsFunc(reach, func(r string) bool { return Within(r, filepath.Clean(t.path)) }) {
 			found.notes = append(found.notes, gitNote{t.path, fmt.Sprintf("named by %s, it could not be looked at: %v", t.why, err)})
 		}
@@ -114,11 +150,12 @@ func (found *gitFound) place(t gitTarget, reach, meta, mountPoints []string, see
 		slices.ContainsFunc(mountPoints, func(m string) bool { return m != reach[root] && Within(reach[root], m) && Within(m, p) }) {
 		return
 	}
-	if len(seen) >= maxConfigTargets {
-		found.notes = append(found.notes, gitNote{p, fmt.Sprintf("named by %s, beyond the %d paths of config sandboxd keeps read-only", t.why, maxConfigTargets)})
+	if *placed >= maxConfigTargets {
+		found.notes = append(found.notes, gitNote{p, fmt.Sprintf("named by %s, beyond the %d paths of one repository's config sandboxd keeps read-only", t.why, maxConfigTargets)})
 		return
 	}
 	seen[p] = true
+	*placed++
 	// A link that a command can change would lead git elsewhere.
 	for _, l := range links {
 		if slices.ContainsFunc(reach, func(r string) bool { return Within(r, l) }) && !slices.ContainsFunc(meta, func(m string) bool { return Within(m, l) }) {
@@ -139,6 +176,37 @@ func (found *gitFound) place(t gitTarget, reach, meta, mountPoints []string, see
 	default:
 		found.conf = append(found.conf, gitFile{p, uint64(st.Dev), st.Ino})
 	}
+}
+
+// block keeps read-only whole the directory whose mode made a lookup in
+// reach fail with err (EACCES, EPERM), unless it is one of reach itself
+// or lies in the read-only metadata (meta), and reports whether it did.
+// seen holds the paths already placed.
+func (found *gitFound) block(err error, what string, reach, meta []string, seen map[string]bool) bool {
+	var pe *fs.PathError
+	if !errors.Is(err, syscall.EACCES) && !errors.Is(err, syscall.EPERM) || !errors.As(err, &pe) {
+		return false
+	}
+	d := filepath.Dir(pe.Path)
+	root := slices.IndexFunc(reach, func(r string) bool { return Within(r, d) })
+	if root < 0 || d == reach[root] || slices.ContainsFunc(meta, func(m string) bool { return Within(m, d) }) {
+		return false
+	}
+	if seen[d] {
+		return true
+	}
+	if len(found.blocked) >= maxBlocked {
+		found.notes = append(found.notes, gitNote{d, fmt.Sprintf("its mode keeps sandboxd from looking below it for %s, beyond the %d such directories kept read-only", what, maxBlocked)})
+		return true
+	}
+	st, err := statEntryUnlinked(d)
+	if err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFDIR {
+		return false
+	}
+	seen[d] = true
+	found.conf = append(found.conf, gitFile{d, uint64(st.Dev), st.Ino})
+	found.blocked = append(found.blocked, gitNote{d, what})
+	return true
 }
 
 // maxLinkHops is how many links the kernel follows in one path.

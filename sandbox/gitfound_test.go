@@ -1,6 +1,8 @@
 package sandbox
 
 import (
+	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -174,5 +176,75 @@ func TestStatGitMetadataFollowsConfig(t *testing.T) {
 	}
 	if len(notes) != 2 || !strings.Contains(notes[0], "through the link "+filepath.Join(ws, "linked")) || !strings.HasPrefix(notes[1], "/ws: ") {
 		t.Errorf("notes = %q, want the link and the workspace itself", notes)
+	}
+}
+
+// TestConfigBudgetsArePerRepository: a repository a command made, named
+// to come first, whose config names thousands of paths, leaves the
+// person's repository's hooks path found.
+func TestConfigBudgetsArePerRepository(t *testing.T) {
+	ws := t.TempDir()
+	for _, d := range []string{"aaa/.git", "proj/.git", "proj/.husky/_"} {
+		if err := os.MkdirAll(filepath.Join(ws, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var b strings.Builder
+	for i := range 300 {
+		fmt.Fprintf(&b, "[include]\n\tpath = ../x%d\n", i)
+		if err := os.WriteFile(filepath.Join(ws, "aaa", fmt.Sprintf("x%d", i)), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.WriteString(strings.Repeat("[include]\n\tpath = ../x\n", 4100))
+	if err := os.WriteFile(filepath.Join(ws, "aaa/.git/config"), []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ws, "proj/.git/config"), []byte("[core]\n\thooksPath = .husky/_\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	found, err := statGitMetadata([]string{ws}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(found.conf, func(f gitFile) bool { return f.path == filepath.Join(ws, "proj/.husky/_") }) {
+		t.Errorf("conf = %v, want proj/.husky/_ in it", found.conf)
+	}
+	if !slices.ContainsFunc(found.notes, func(n gitNote) bool { return strings.Contains(n.what, "beyond the") }) || len(found.notes) > 3*maxConfigLooks {
+		t.Errorf("notes = %d, want aaa's targets beyond the bound noted, and no flood", len(found.notes))
+	}
+}
+
+// TestBlockedDirectoryIsKeptReadOnly: a directory in a session directory
+// whose mode stopped a lookup is kept read-only whole; the session
+// directory itself, the read-only metadata and other errors are not.
+func TestBlockedDirectoryIsKeptReadOnly(t *testing.T) {
+	ws := t.TempDir()
+	for _, d := range []string{"proj", ".git"} {
+		if err := os.Mkdir(filepath.Join(ws, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	denied := func(p string) error { return &fs.PathError{Op: "lstat", Path: p, Err: syscall.EACCES} }
+	var found gitFound
+	seen := map[string]bool{}
+	meta := []string{filepath.Join(ws, ".git")}
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{denied(filepath.Join(ws, "proj/.git")), true},
+		{denied(filepath.Join(ws, "proj/.git")), true}, // once
+		{denied(filepath.Join(ws, ".husky")), false},   // the session directory's own mode
+		{denied(filepath.Join(ws, ".git/hooks")), false},
+		{&fs.PathError{Op: "lstat", Path: filepath.Join(ws, "proj/x"), Err: syscall.EIO}, false},
+		{denied("/etc/x/y"), false},
+	} {
+		if got := found.block(tc.err, "test", []string{ws}, meta, seen); got != tc.want {
+			t.Errorf("block(%v) = %v, want %v", tc.err, got, tc.want)
+		}
+	}
+	if len(found.conf) != 1 || found.conf[0].path != filepath.Join(ws, "proj") || len(found.blocked) != 1 {
+		t.Errorf("conf = %v, blocked = %v; want proj once", found.conf, found.blocked)
 	}
 }

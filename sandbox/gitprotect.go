@@ -94,6 +94,10 @@ func (s *Session) protectGit(real []string, binds []bind, grants []Mount, covere
 			"session", s.ID, "paths", links)
 	}
 	s.logGitNotes(found.notes)
+	for _, b := range found.blocked {
+		s.m.log.Warn("protect_git keeps read-only whole, mode and all, a directory whose mode hides what is below it from sandboxd; a command may have set it",
+			"session", s.ID, "path", b.path, "looking_for", b.what)
+	}
 	type readOnly struct {
 		g      gitFile
 		b      bind

@@ -113,6 +113,7 @@ type configReader struct {
 	uses      []configUse
 	worktrees []string
 	bare      bool
+	full      bool // maxConfigFiles read
 	notes     []gitNote
 }
 
@@ -123,12 +124,15 @@ func (r *configReader) read(file string, depth int) {
 		return
 	}
 	if len(r.seen) >= maxConfigFiles {
-		r.notes = append(r.notes, gitNote{file, fmt.Sprintf("not read: the repository's config includes more than %d files", maxConfigFiles)})
+		if !r.full { // once: a config may name thousands
+			r.notes = append(r.notes, gitNote{file, fmt.Sprintf("not read, nor what else it includes: the repository's config includes more than %d files", maxConfigFiles)})
+		}
+		r.full = true
 		return
 	}
 	r.seen[key] = true
 	if *r.budget <= 0 {
-		r.notes = append(r.notes, gitNote{file, fmt.Sprintf("not read: the config of the session's repositories together is more than the %d MiB sandboxd reads", configBudget>>20)})
+		r.notes = append(r.notes, gitNote{file, fmt.Sprintf("not read: the repository's config is more than the %d MiB sandboxd reads", configBudget>>20)})
 		return
 	}
 	b := readSmallFile(file, maxConfigBytes+1)
